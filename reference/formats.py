@@ -179,14 +179,6 @@ class FloatFormat:
     def inf_code(self) -> int | None:
         return ((1 << self.ebits) - 1) << self.mbits if self.has_inf else None
 
-    def describe(self) -> str:
-        policy = self.specials.value
-        return (
-            f"{self.name:<9} {'S' if self.signed else 'U'}E{self.ebits}M{self.mbits} bias={self.bias:<3} "
-            f"max={self.max_normal:<12g} min_normal={self.min_normal:<12g} "
-            f"min_subnormal={self.min_subnormal if self.subnormals else float('nan'):<12g} {policy}"
-        )
-
     def __repr__(self) -> str:
         return f"FloatFormat({self.name})"
 

@@ -1,0 +1,74 @@
+"""Command line: `python -m harness <command>`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _formats(_args) -> int:
+    from reference.formats import FORMATS
+
+    for fmt in FORMATS.values():
+        sub = f"{fmt.min_subnormal:.6g}" if fmt.subnormals else "-"
+        print(
+            f"{fmt.name:<9} {'S' if fmt.signed else 'U'}E{fmt.ebits}M{fmt.mbits:<2} bias={fmt.bias:<3} "
+            f"max={fmt.max_normal:<12.6g} min_normal={fmt.min_normal:<12.6g} min_subnormal={sub:<12} "
+            f"{fmt.specials.value}"
+        )
+    return 0
+
+
+def _bench_reference(args) -> int:
+    """Throughput of the reference quantizers on CPU (median of several runs, after one warm-up)."""
+    import statistics
+    import time
+
+    import torch
+
+    from reference import E2M1, E4M3FN, Granularity, qdq_mx, quantize_fp8, quantize_mx, quantize_nvfp4
+
+    torch.manual_seed(0)
+    x = torch.randn(args.rows, args.cols)
+    cases = {
+        "quantize_mx e2m1 FLOOR": lambda: quantize_mx(x, E2M1),
+        "qdq_mx e2m1 FLOOR": lambda: qdq_mx(x, E2M1),
+        "quantize_mx e4m3fn FLOOR": lambda: quantize_mx(x, E4M3FN),
+        "quantize_nvfp4": lambda: quantize_nvfp4(x),
+        "quantize_fp8 e4m3fn per-token": lambda: quantize_fp8(x, E4M3FN, granularity=Granularity.PER_TOKEN),
+    }
+    print(f"{args.rows}x{args.cols} fp32, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"median of {args.repeat}")
+    for name, fn in cases.items():
+        fn()
+        times = []
+        for _ in range(args.repeat):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        med = statistics.median(times)
+        print(f"  {name:<32} {med * 1e3:8.1f} ms  {x.numel() / med / 1e6:7.1f} M elements/s")
+    return 0
+
+
+COMMANDS = {
+    "formats": (_formats, "every element format: bias, max normal, min normal/subnormal, Inf/NaN policy"),
+    "bench-reference": (_bench_reference, "CPU throughput of the reference quantizers"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m harness", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (_, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text)
+        if name == "bench-reference":
+            p.add_argument("--rows", type=int, default=4096)
+            p.add_argument("--cols", type=int, default=4096)
+            p.add_argument("--repeat", type=int, default=7)
+    args = parser.parse_args(argv)
+    return COMMANDS[args.command][0](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

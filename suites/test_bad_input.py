@@ -1,0 +1,97 @@
+"""Bad input gets a clear error naming the argument and what was expected; inputs are never mutated."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from reference import formats as F
+from reference.fp8 import Granularity, dequantize_fp8, quantize_fp8
+from reference.mx import dequantize_mx, qdq_mx, quantize_mx
+from reference.nvfp4 import dequantize_nvfp4, nvfp4_global_encode_scale, quantize_nvfp4
+from reference.packing import pack_fp4, unpack_fp4
+
+X = torch.randn(4, 64)
+MXQ = quantize_mx(X, F.E2M1)
+NVQ = quantize_nvfp4(X)
+FP8Q = quantize_fp8(X, F.E4M3FN, granularity=Granularity.PER_TOKEN)
+
+BAD_CALLS = {
+    "mx_not_divisible": (lambda: quantize_mx(torch.randn(4, 48), F.E2M1), ValueError, r"x.shape\[-1\] = 48 .*block_size 32"),
+    "mx_integer_dtype": (lambda: quantize_mx(torch.ones(4, 32, dtype=torch.int32), F.E2M1), TypeError, "x must be float32"),
+    "mx_complex_dtype": (lambda: quantize_mx(torch.ones(4, 32, dtype=torch.complex64), F.E2M1), TypeError, "x must be float32"),
+    "mx_not_a_tensor": (lambda: quantize_mx([1.0] * 32, F.E2M1), TypeError, "x must be a torch.Tensor"),
+    "mx_scalar": (lambda: quantize_mx(torch.tensor(1.0), F.E2M1), ValueError, "at least one dimension"),
+    "mx_bad_axis": (lambda: quantize_mx(X, F.E2M1, axis=2), ValueError, "axis=2 is out of range"),
+    "mx_fnuz_element": (lambda: quantize_mx(X, F.E4M3FNUZ), ValueError, "elem must be an MX element format"),
+    "mx_bad_block_size": (lambda: qdq_mx(X, F.E2M1, block_size=0), ValueError, "block_size must be a positive int"),
+    "mx_bad_scale_mode": (lambda: quantize_mx(X, F.E2M1, scale_mode="floor"), ValueError, "scale_mode must be a ScaleMode"),
+    "mx_scales_wrong_shape": (lambda: dequantize_mx(MXQ.codes, MXQ.scales[:, :1], F.E2M1), ValueError, r"scales must have shape \(4, 2\)"),
+    "mx_scales_wrong_dtype": (lambda: dequantize_mx(MXQ.codes, MXQ.scales.int(), F.E2M1), TypeError, "scales must be uint8"),
+    "mx_codes_out_of_range": (lambda: dequantize_mx(MXQ.codes | 0x10, MXQ.scales, F.E2M1), ValueError, "codes holds 0x1.*out of range for e2m1"),
+    "mx_codes_wrong_dtype": (lambda: dequantize_mx(MXQ.codes.int(), MXQ.scales, F.E2M1), TypeError, "codes must be uint8"),
+    "encode_nan_into_fp4": (lambda: F.encode(torch.tensor([float("nan")]), F.E2M1), ValueError, "NaN but e2m1 has no NaN"),
+    "encode_nonfinite_policy_fp6": (lambda: F.encode(torch.tensor([1.0]), F.E3M2, F.Overflow.NONFINITE), ValueError, "NONFINITE needs a format"),
+    "encode_e8m0_negative": (lambda: F.encode(torch.tensor([-1.0]), F.E8M0), ValueError, "must be positive"),
+    "decode_codes_out_of_range": (lambda: F.decode(torch.tensor([0x40], dtype=torch.uint8), F.E2M3), ValueError, "out of range for e2m3"),
+    "unknown_format": (lambda: F.format_by_name("e4m3"), ValueError, "unknown element format 'e4m3'"),
+    "nvfp4_not_divisible": (lambda: quantize_nvfp4(torch.randn(2, 24)), ValueError, "divisible by the NVFP4 block 16"),
+    "nvfp4_nan_input": (lambda: quantize_nvfp4(torch.full((1, 16), float("nan"))), ValueError, "x must be finite"),
+    "nvfp4_both_global_scales": (lambda: quantize_nvfp4(X, global_encode_scale=torch.tensor(1.0), global_decode_scale=torch.tensor(1.0)), ValueError, "not both"),
+    "nvfp4_zero_global_scale": (lambda: quantize_nvfp4(X, global_decode_scale=torch.tensor(0.0)), ValueError, "global_decode_scale must be positive"),
+    "nvfp4_float64_global_scale": (lambda: quantize_nvfp4(X, global_encode_scale=torch.tensor(1.0, dtype=torch.float64)), TypeError, "global_encode_scale must be float32"),
+    "nvfp4_global_scale_shape": (lambda: quantize_nvfp4(X, global_encode_scale=torch.ones(3)), ValueError, "does not broadcast"),
+    "nvfp4_amax_too_small": (lambda: nvfp4_global_encode_scale(1e-37), ValueError, "too small for NVFP4"),
+    "nvfp4_block_scales_shape": (lambda: dequantize_nvfp4(NVQ.codes, NVQ.block_scales[:, :1], NVQ.global_decode_scale), ValueError, r"block_scales must have shape \(4, 4\)"),
+    "fp8_not_divisible": (lambda: quantize_fp8(X, F.E4M3FN, granularity=Granularity.PER_BLOCK, block_shape=(1, 48)), ValueError, "not divisible by block_shape"),
+    "fp8_block_shape_missing": (lambda: quantize_fp8(X, F.E4M3FN, granularity=Granularity.PER_BLOCK), ValueError, "PER_BLOCK needs block_shape"),
+    "fp8_1d_input": (lambda: quantize_fp8(torch.randn(8), F.E4M3FN), ValueError, "at least 2 dims"),
+    "fp8_e2m1_format": (lambda: quantize_fp8(X, F.E2M1), ValueError, "fmt must be one of"),
+    "fp8_static_scale_shape": (lambda: quantize_fp8(X, F.E4M3FN, granularity=Granularity.PER_TOKEN, scale=torch.ones(3, 1)), ValueError, r"scale must have shape \(4, 1\)"),
+    "fp8_static_scale_dtype": (lambda: quantize_fp8(X, F.E4M3FN, scale=torch.tensor(1, dtype=torch.int32)), TypeError, "scale must be a float32 tensor"),
+    "fp8_negative_scale": (lambda: quantize_fp8(X, F.E4M3FN, scale=torch.tensor(-1.0)), ValueError, "scale must be positive"),
+    "fp8_inf_input": (lambda: quantize_fp8(torch.full((2, 2), float("inf")), F.E4M3FN), ValueError, "x must be finite"),
+    "fp8_max_value_above_format": (lambda: quantize_fp8(X, F.E4M3FNUZ, max_value=448.0), ValueError, r"max_value must be in \(0, 240"),
+    "fp8_scale_does_not_tile": (lambda: dequantize_fp8(FP8Q.codes, torch.ones(3, 1), F.E4M3FN), ValueError, "does not tile"),
+    "pack_odd_length": (lambda: pack_fp4(torch.zeros(3, dtype=torch.uint8)), ValueError, "must be even"),
+    "pack_codes_too_big": (lambda: pack_fp4(torch.full((2,), 16, dtype=torch.uint8)), ValueError, "must be < 0x10"),
+    "unpack_wrong_dtype": (lambda: unpack_fp4(torch.zeros(2, dtype=torch.int8)), TypeError, "packed must be a uint8"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_CALLS))
+def test_bad_input_is_rejected_with_a_clear_error(name):
+    call, exc, pattern = BAD_CALLS[name]
+    with pytest.raises(exc, match=pattern):
+        call()
+
+
+def test_inputs_are_never_mutated():
+    x = torch.randn(8, 64) * 100
+    x[0, :32] = float("nan")  # a NaN block goes through a masked path
+    x_t = x.T  # non-contiguous
+    before = x.clone()
+    for elem in (F.E2M1, F.E4M3FN):
+        quantize_mx(x, elem)
+        qdq_mx(x, elem)
+        quantize_mx(x_t, elem, axis=0)
+    finite = torch.nan_to_num(x)
+    before_finite = finite.clone()
+    quantize_nvfp4(finite)
+    quantize_fp8(finite, F.E4M3FN, granularity=Granularity.PER_BLOCK, block_shape=(8, 32))
+    F.encode(finite, F.E4M3FN)
+    assert torch.equal(finite, before_finite)
+    assert torch.equal(torch.nan_to_num(x, nan=7.0), torch.nan_to_num(before, nan=7.0))
+
+
+def test_non_contiguous_input_gives_the_same_result():
+    x = torch.randn(64, 96)
+    xt = x.T  # [96, 64], non-contiguous
+    assert torch.equal(quantize_mx(xt, F.E2M1).codes, quantize_mx(xt.contiguous(), F.E2M1).codes)
+    assert torch.equal(quantize_nvfp4(xt).codes, quantize_nvfp4(xt.contiguous()).codes)
+
+
+def test_same_input_gives_bit_identical_output_run_to_run():
+    x = torch.randn(32, 256)
+    a, b = qdq_mx(x, F.E3M2), qdq_mx(x.clone(), F.E3M2)
+    assert torch.equal(a.view(torch.int32), b.view(torch.int32))
