@@ -52,6 +52,13 @@ def _nvfp4_block(values, tensor_amax):
     return compute
 
 
+def _fp8_zero_tensor():
+    from reference.fp8 import quantize_fp8
+
+    q = quantize_fp8(torch.zeros(1, 2), F.E4M3FN)
+    return q.codes.flatten().tolist() + [int(q.scale.view(torch.int32))]
+
+
 CORNER_CASES: tuple[CornerCase, ...] = (
     CornerCase("e2m1_ties", _elements(F.E2M1, [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0]), [0, 2, 2, 4, 4, 6, 6],
                "ties go to the even code: 0.25->0, 0.75->1, 1.25->1, 1.75->2, 2.5->2, 3.5->4, 5->4"),
@@ -79,6 +86,17 @@ CORNER_CASES: tuple[CornerCase, ...] = (
                "FLOOR keeps scale 2^0 for amax 7, so 7 saturates to 6; 1.3->1.5 (0x3); -0.75 ties to -1 (0xA)"),
     CornerCase("mx_e2m1_rceil", _mx_block(F.E2M1, [7.0, 1.3, -0.75], ScaleMode.RCEIL), [0x80, 6, 1, 9],
                "RCEIL: 7 * fl(1/6) = 1.17 rounds up to 2^1 (0x80); 3.5->4 (0x6), 0.65->0.5 (0x1), -0.375->-0.5 (0x9)"),
+    CornerCase("fp8_zero_tensor_dynamic_scale", lambda: _fp8_zero_tensor(), [0, 0, 0x36924925],
+               "amax 0: the dynamic scale is its floor fl(1/(448*512)) = 4.3597e-6 (fp32 bits 0x36924925), codes 0"),
+    CornerCase("mx_e2m1_even_carries", _mx_block(F.E2M1, [7.0, 1.3, -0.75], ScaleMode.EVEN), [0x80, 6, 1, 9],
+               "EVEN: 7 = 1.75*2^2 rounds to one mantissa bit as 2.0*2^2 (tie to even), carrying the exponent to 3: "
+               "3 - 2 = 1 (0x80)"),
+    CornerCase("mx_e2m1_even_no_carry", _mx_block(F.E2M1, [5.9, 1.0], ScaleMode.EVEN), [0x7F, 7, 2],
+               "EVEN: 5.9 = 1.475*2^2 rounds to 1.5*2^2, no carry: 2 - 2 = 0 (0x7F); 5.9 -> 6 (0x7)"),
+    CornerCase("mx_e2m1_ceil", _mx_block(F.E2M1, [4.5, 1.0], ScaleMode.CEIL), [0x80, 4, 1],
+               "CEIL: ceil(log2 4.5) - 2 = 1 (0x80); 4.5/2 = 2.25 -> 2 (0x4), 1/2 = 0.5 (0x1)"),
+    CornerCase("mx_e2m1_ceil_power_of_two", _mx_block(F.E2M1, [4.0, 1.0], ScaleMode.CEIL), [0x7F, 6, 2],
+               "CEIL of an exact power of two is its own exponent: log2 4 - 2 = 0 (0x7F)"),
     CornerCase("mx_e2m1_power_of_two_amax", _mx_block(F.E2M1, [8.0, 3.0, 1.0], ScaleMode.FLOOR), [0x80, 6, 3, 1],
                "amax 8: floor(log2 8) - 2 = 1 -> 0x80; 4->0x6, 1.5->0x3, 0.5->0x1"),
     CornerCase("mx_e2m1_log2_pitfall", _mx_block(F.E2M1, [7.9999995], ScaleMode.FLOOR), [0x7F, 7],

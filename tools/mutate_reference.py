@@ -1,0 +1,125 @@
+"""Show that the reference suites can fail: apply one small bug at a time to a scratch copy of the
+repository and run the suites there; every mutant must be caught (some test fails).
+
+    .venv/bin/python tools/mutate_reference.py            # all mutants, about 5 minutes on 2 cores
+    .venv/bin/python tools/mutate_reference.py log2_pitfall
+
+Each mutant is (file, exact text, replacement, what it models). Exit status 1 if any survives.
+Not a mutant: RCEIL computed as amax / max instead of amax * fl(1/max) is equivalent for every MX
+element format (fl(1/max) * max rounds to exactly 1.0 in fp32 for 6, 7.5, 28, 448 and 57344, and a
+search of 64 fp32 neighbours either side of max * 2^k found no amax where the two disagree).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+MUTANTS = {
+    "value_table_entry": (
+        "reference/formats.py",
+        "        v = unit * torch.pow(2.0, exp.double())\n",
+        "        v = unit * torch.pow(2.0, exp.double())\n        if self.name == 'e2m1':\n            v[3] = 1.75\n",
+        "one entry of the E2M1 value table wrong (1.5 -> 1.75)",
+    ),
+    "subnormal_grid": (
+        "reference/formats.py",
+        "clamp_(_exp_field(emin), _exp_field(fmt.emax + 1))",
+        "clamp_(_exp_field(emin + 1), _exp_field(fmt.emax + 1))",
+        "rounding rule: subnormals rounded on a grid twice too coarse",
+    ),
+    "ties_away": (
+        "reference/formats.py",
+        "    rounded = (y + c).sub_(c)\n",
+        "    rounded = torch.floor(y / (c * 2.0**-23) + 0.5) * (c * 2.0**-23)\n",
+        "rounding rule: ties away from zero instead of to even (microxcaling's default)",
+    ),
+    "log2_pitfall": (
+        "reference/mx.py",
+        "    e = floor_log2(amax)\n",
+        "    e = torch.where(amax > 0, torch.floor(torch.log2(amax)), torch.full_like(amax, -150.0)).int()\n",
+        "MX shared exponent from floor(torch.log2(amax)) in fp32",
+    ),
+    "nibble_order": (
+        "reference/packing.py",
+        "    return codes[..., 0::2] | (codes[..., 1::2] << 4)\n",
+        "    return codes[..., 1::2] | (codes[..., 0::2] << 4)\n",
+        "FP4 nibble order swapped when packing",
+    ),
+    "rceil_floor": (
+        "reference/mx.py",
+        "        shared = floor_log2(d) + (not_pow2 & (d > 0)).int()\n",
+        "        shared = floor_log2(d)\n",
+        "RCEIL rounds the scale down instead of up",
+    ),
+    "even_without_carry": (
+        "reference/mx.py",
+        "        shared = e + carry.int() - elem.emax\n",
+        "        shared = e - elem.emax\n",
+        "EVEN mode ignores the carry of rounding amax to the element's mantissa (EVEN == FLOOR)",
+    ),
+    "ceil_is_floor_plus_one": (
+        "reference/mx.py",
+        "        shared = e + (not_pow2 & (amax > 0)).int() - elem.emax\n",
+        "        shared = e + 1 - elem.emax\n",
+        "CEIL as floor + 1, wrong for amax a power of two",
+    ),
+    "nvfp4_global_direction": (
+        "reference/nvfp4.py",
+        "    denom = decode(stored, E4M3FN) * s_dec_b\n",
+        "    denom = decode(stored, E4M3FN) / s_dec_b\n",
+        "NVFP4 element scale divides by the decode scale (wrong direction)",
+    ),
+    "saturate_to_nan": (
+        "reference/formats.py",
+        "        code_mag.clamp_max_(fmt.max_code)\n",
+        "        code_mag.clamp_max_(fmt.max_code + 1)\n",
+        "saturation one code too high (E4M3FN would saturate into NaN)",
+    ),
+    "fp8_no_min_scale": (
+        "reference/fp8.py",
+        "    return torch.clamp_min(amax / fmax, 1.0 / (fmax * _MIN_SCALE_DIVISOR))\n",
+        "    return amax / fmax\n",
+        "FP8 dynamic scale without the lower guard (zero group divides by zero)",
+    ),
+}
+
+
+def run(name: str) -> tuple[bool, float, str]:
+    path, old, new, _ = MUTANTS[name]
+    with tempfile.TemporaryDirectory() as tmp:
+        dst = Path(tmp) / "repo"
+        shutil.copytree(ROOT, dst, ignore=shutil.ignore_patterns(".venv", ".git", ".hypothesis", "report", "__pycache__"))
+        src = (dst / path).read_text()
+        if src.count(old) != 1:
+            raise SystemExit(f"mutant {name}: the text to replace is not found exactly once in {path}")
+        (dst / path).write_text(src.replace(old, new))
+        t0 = time.perf_counter()
+        proc = subprocess.run(
+            [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--hypothesis-profile=ci",
+             "--ignore=suites/test_detection_power.py", "suites"],
+            cwd=dst, capture_output=True, text=True,
+        )
+        dt = time.perf_counter() - t0
+    failed = [line for line in proc.stdout.splitlines() if line.startswith("FAILED")]
+    return proc.returncode == 1, dt, failed[0][7:] if failed else proc.stdout.strip().splitlines()[-1]
+
+
+def main(argv: list[str]) -> int:
+    names = argv or list(MUTANTS)
+    survivors = 0
+    for name in names:
+        caught, dt, by = run(name)
+        survivors += not caught
+        print(f"{'CAUGHT  ' if caught else 'SURVIVED'} {name:<24} {dt:5.1f}s  {MUTANTS[name][3]}\n         by {by}")
+    return 1 if survivors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
