@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 import torch
 
-__all__ = ["Activation", "ACTIVATIONS", "activation_by_name", "apply_activation"]
+__all__ = ["Activation", "ACTIVATIONS", "activation_by_name", "apply_activation", "gate_and_up"]
 
 
 def _silu(g):
@@ -118,26 +118,33 @@ def _split(x: torch.Tensor, act: Activation):
     return x[..., : n // 2], x[..., n // 2 :]
 
 
-def apply_activation(x: torch.Tensor, act: Activation) -> torch.Tensor:
-    """act(x) in x's precision (fp32 for kernels' semantics, float64 for the exact reference)."""
+def gate_and_up(x: torch.Tensor, act: Activation) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two factors of act(x) = phi * psi: phi the gate function of the (clamped) gate, psi the
+    transformed up projection (1 for *_NO_MUL). Error bounds use them separately."""
     if not isinstance(act, Activation):
         raise TypeError(f"act must be an Activation, got {act!r}")
     if x.dtype not in (torch.float32, torch.float64):
         raise TypeError(f"activations are computed in fp32 or float64, got {x.dtype}")
     if not act.gated:
-        return act.gate(x)
+        return act.gate(x), torch.ones_like(x)
     g, u = _split(x, act)
     f = act.formula
-    if f in ("SWIGLUOAI",) or (f == "SILU" and act.limit is not None):
+    if f == "SWIGLUOAI" or (f == "SILU" and act.limit is not None):
         g = torch.clamp(g, max=act.limit)
         u = torch.clamp(u, -act.limit, act.limit)
     if f == "SWIGLUOAI":
-        return (u + 1) * act.gate(g)
+        return act.gate(g), u + 1
     if f == "SWIGLUSTEP":
-        return torch.clamp(act.gate(g), max=act.limit) * torch.clamp(u, -act.limit, act.limit)
+        return torch.clamp(act.gate(g), max=act.limit), torch.clamp(u, -act.limit, act.limit)
     if f == "SITU" and act.beta_lin > 0:
         u = act.beta_lin * torch.tanh(u / act.beta_lin)
-    return act.gate(g) * u
+    return act.gate(g), u
+
+
+def apply_activation(x: torch.Tensor, act: Activation) -> torch.Tensor:
+    """act(x) in x's precision (fp32 for kernels' semantics, float64 for the exact reference)."""
+    phi, psi = gate_and_up(x, act)
+    return phi if not act.gated else phi * psi
 
 
 ACTIVATIONS: dict[str, Activation] = {

@@ -210,16 +210,27 @@ def qdq_mx(
     scale_mode: ScaleMode = ScaleMode.FLOOR,
     flush_fp32_subnormals: bool = False,
     dtype: torch.dtype = torch.float32,
+    shared_exponent: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Quantize-dequantize in one pass, computed as values (never through codes or the value table):
-    a second derivation that must agree bit for bit with dequantize_mx(quantize_mx(x))."""
+    a second derivation that must agree bit for bit with dequantize_mx(quantize_mx(x)).
+
+    shared_exponent (int, the scales' shape) fixes each block's exponent instead of deriving it from the
+    block: what a bound needs to ask "what would this block give under the neighbouring scale?"."""
     check_float_input(x)
     _check_elem(elem)
     xb = _blocked(x, axis, block_size)
     flat = xb.reshape(-1, block_size)
+    fixed = None
+    if shared_exponent is not None:
+        if shared_exponent.dim() != x.dim() or tuple(shared_exponent.movedim(axis, -1).shape) != tuple(xb.shape[:-1]):
+            raise ValueError(f"shared_exponent must have the scales' shape, got {tuple(shared_exponent.shape)}")
+        fixed = shared_exponent.movedim(axis, -1).reshape(-1).to(torch.int32).clamp(_SCALE_EXP_MIN, _SCALE_EXP_MAX)
     out = torch.empty(flat.shape, dtype=torch.float32)
     for sl in _chunks(flat.shape[0], block_size):
         xf, shared, nonfinite = _block_stats(flat[sl], elem, scale_mode, flush_fp32_subnormals)
+        if fixed is not None:
+            shared = fixed[sl]
         shift = shared[:, None]
         rounded, _ = round_to_format_grid(xf.abs() * ldexp_exact(torch.ones(()), -shift), elem)
         rounded.clamp_max_(elem.max_normal)  # OCP MX elements saturate

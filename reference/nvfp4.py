@@ -38,6 +38,7 @@ __all__ = [
     "NVFP4Variant",
     "NVFP4Quantized",
     "nvfp4_global_encode_scale",
+    "nvfp4_block_scale_codes",
     "quantize_nvfp4",
     "dequantize_nvfp4",
     "qdq_nvfp4",
@@ -112,13 +113,21 @@ def _scales(x: torch.Tensor, global_encode_scale, global_decode_scale, variant: 
             f"the global scale of shape {tuple(s_enc.shape)} does not broadcast to the block scales "
             f"{tuple(amax_b.shape)}"
         ) from None
-    block = (amax_b / _E2M1_MAX) * s_enc_b
+    stored = nvfp4_block_scale_codes(amax_b, s_enc_b, variant)
+    return xb, stored, s_dec, s_dec_b
+
+
+def nvfp4_block_scale_codes(
+    amax_block: torch.Tensor, global_encode_scale: torch.Tensor, variant: NVFP4Variant = NVFP4Variant.TRTLLM
+) -> torch.Tensor:
+    """E4M3FN(RNE, satfinite)(fl(amax_block / 6) * s_enc) as uint8 codes, with the variant's rule for
+    small and zero blocks. Monotone non-decreasing in amax_block."""
+    block = (amax_block.float() / _E2M1_MAX) * global_encode_scale
     if variant is NVFP4Variant.TORCHAO:
         block = block.clamp_min(E4M3FN.min_normal)
     elif variant is NVFP4Variant.MODELOPT:
-        block = torch.where(amax_b == 0, 1.0, block)
-    stored = encode_finite(block, E4M3FN, Overflow.SATURATE)
-    return xb, stored, s_dec, s_dec_b
+        block = torch.where(amax_block == 0, 1.0, block)
+    return encode_finite(block, E4M3FN, Overflow.SATURATE)
 
 
 def _element_input(xb, stored, s_dec_b):
@@ -166,9 +175,17 @@ def qdq_nvfp4(
     global_decode_scale: torch.Tensor | None = None,
     variant: NVFP4Variant = NVFP4Variant.TRTLLM,
     dtype: torch.dtype = torch.float32,
+    block_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Values directly (rounded on E2M1's grid, never through codes): must equal dequantize(quantize(x))."""
+    """Values directly (rounded on E2M1's grid, never through codes): must equal dequantize(quantize(x)).
+
+    block_scales (uint8 E4M3FN codes, [..., K/16]) fixes the block scales instead of deriving them."""
     xb, stored, _, s_dec_b = _scales(x, global_encode_scale, global_decode_scale, variant)
+    if block_scales is not None:
+        check_codes(block_scales, E4M3FN, "block_scales")
+        if block_scales.shape != stored.shape:
+            raise ValueError(f"block_scales must have shape {tuple(stored.shape)}, got {tuple(block_scales.shape)}")
+        stored = block_scales
     xs = _element_input(xb, stored, s_dec_b)
     rounded, _ = round_to_format_grid(xs.abs(), E2M1)
     e2m1 = torch.copysign(rounded.clamp_max_(_E2M1_MAX), xs)
