@@ -27,7 +27,7 @@ from .mx import qdq_mx
 from .nvfp4 import qdq_nvfp4
 from .schemes import ActQuant
 
-__all__ = ["MoETrace", "fused_moe", "activation_qdq", "static_activation_scales", "check_moe_inputs"]
+__all__ = ["MoETrace", "fused_moe", "round_bf16", "activation_qdq", "static_activation_scales", "check_moe_inputs"]
 
 
 @dataclass
@@ -40,6 +40,10 @@ class MoETrace:
     a2: torch.Tensor  # [P, I] float64, GEMM2 input after activation quantization
     z: torch.Tensor  # [P, H] float64, after the gemm2_out rounding point
     out: torch.Tensor  # [T, H] float64, after the output rounding point
+    h_pre: torch.Tensor  # the same four before their rounding points
+    y_pre: torch.Tensor
+    z_pre: torch.Tensor
+    out_pre: torch.Tensor
     w13: torch.Tensor  # [E, N13, H] float64 dequantized weights
     w2: torch.Tensor  # [E, H, I]
     pair_token: torch.Tensor  # [P] token of each pair
@@ -49,8 +53,9 @@ class MoETrace:
     a2_scale: torch.Tensor | None
 
 
-def _round_bf16(x: torch.Tensor, enabled: bool) -> torch.Tensor:
-    return x.to(torch.bfloat16).double() if enabled else x
+def round_bf16(x: torch.Tensor, enabled: bool = True) -> torch.Tensor:
+    """float64 -> bf16 the way a kernel rounds: to fp32 (its accumulator), then to bf16, both RNE."""
+    return x.float().to(torch.bfloat16).double() if enabled else x
 
 
 def static_activation_scales(ckpt: MoECheckpoint) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -146,22 +151,29 @@ def fused_moe(
     z = torch.zeros(p, hsz, dtype=torch.float64)
     y = torch.zeros(p, isz, dtype=torch.float64)
     a2 = torch.zeros(p, isz, dtype=torch.float64)
+    h_pre, y_pre, z_pre = torch.zeros_like(h), torch.zeros_like(y), torch.zeros_like(z)
     for e in pair_expert.unique().tolist():
         rows = (pair_expert == e).nonzero().flatten()
         he = a1[pair_token[rows]] @ w13[e].T
         if ckpt.b13 is not None:
             he = he + ckpt.b13[e].double()
-        he = _round_bf16(he, keep("gemm1_out"))
+        h_pre[rows] = he
+        he = round_bf16(he, keep("gemm1_out"))
         ye = apply_activation(he if exact else he.float(), act).double()
-        ye = _round_bf16(ye, keep("act_out"))
+        y_pre[rows] = ye
+        ye = round_bf16(ye, keep("act_out"))
         a2e = activation_qdq(ye.float(), aq, ckpt, a2_scale).double() if aq is not None else ye
         ze = a2e @ w2[e].T
         if ckpt.b2 is not None:
             ze = ze + ckpt.b2[e].double()
-        h[rows], y[rows], a2[rows], z[rows] = he, ye, a2e, _round_bf16(ze, keep("gemm2_out"))
-    out = (z * pair_weight[:, None]).reshape(t, k, hsz).sum(1)
-    out = _round_bf16(out, keep("output"))
+        z_pre[rows] = ze
+        h[rows], y[rows], a2[rows], z[rows] = he, ye, a2e, round_bf16(ze, keep("gemm2_out"))
+    out_pre = (z * pair_weight[:, None]).reshape(t, k, hsz).sum(1)
+    out = round_bf16(out_pre, keep("output"))
     result = out if exact else out.to(torch.bfloat16)
     if not trace:
         return result
-    return result, MoETrace(a1, h, y, a2, z, out, w13, w2, pair_token, pair_expert, pair_weight, a1_scale, a2_scale)
+    return result, MoETrace(
+        a1, h, y, a2, z, out, h_pre, y_pre, z_pre, out_pre, w13, w2, pair_token, pair_expert, pair_weight,
+        a1_scale, a2_scale,
+    )

@@ -1,0 +1,86 @@
+"""A second MoE implementation in plain torch: dequantize each routed expert's weights, run the GEMMs
+in fp32 (optionally on bf16 operands, optionally in a permuted accumulation order), round to bf16 where
+a kernel does. It is how vLLM's OCP MX emulation works today, the baseline for speed, and the
+"correct kernel" that the derived bounds must never fail."""
+
+from __future__ import annotations
+
+import torch
+
+from reference.activations import apply_activation
+from reference.checkpoints import MoECheckpoint, dequantize_weight
+from reference.moe import activation_qdq, check_moe_inputs, static_activation_scales
+
+__all__ = ["moe_emulation"]
+
+
+def moe_emulation(
+    hidden_states: torch.Tensor,
+    ckpt: MoECheckpoint,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    operand_dtype: torch.dtype = torch.bfloat16,
+    k_permutation_seed: int | None = None,
+    dequantize_all_experts: bool = False,
+) -> torch.Tensor:
+    check_moe_inputs(hidden_states, ckpt, topk_weights, topk_ids)
+    scheme, aq = ckpt.scheme, ckpt.scheme.act
+    rnd = scheme.rounding
+    t, hsz = hidden_states.shape
+    k = topk_ids.shape[1]
+    a1_scale, a2_scale = static_activation_scales(ckpt)
+    a1 = activation_qdq(hidden_states.float(), aq, ckpt, a1_scale)
+    experts = torch.arange(ckpt.num_experts) if dequantize_all_experts else topk_ids.unique()
+    w13_all = dequantize_weight(ckpt.w13, scheme.weight, ckpt) if dequantize_all_experts else None
+    w2_all = dequantize_weight(ckpt.w2, scheme.weight, ckpt) if dequantize_all_experts else None
+    gen = torch.Generator().manual_seed(k_permutation_seed) if k_permutation_seed is not None else None
+
+    def gemm(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        a, w = a.to(operand_dtype).float(), w.to(operand_dtype).float()
+        if gen is not None:  # a different accumulation order: permute the reduction dim
+            perm = torch.randperm(a.shape[-1], generator=gen)
+            a, w = a[:, perm], w[:, perm]
+        return a @ w.T
+
+    out = torch.zeros(t * k, hsz, dtype=torch.float32)
+    flat_ids = topk_ids.reshape(-1)
+    tokens = torch.arange(t).repeat_interleave(k)
+    for e in experts.tolist():
+        rows = (flat_ids == e).nonzero().flatten()
+        if rows.numel() == 0:
+            continue
+        if dequantize_all_experts:
+            w13, w2 = w13_all[e], w2_all[e]
+        else:
+            w13 = _dequantize_expert(ckpt, "w13", e)
+            w2 = _dequantize_expert(ckpt, "w2", e)
+        h = gemm(a1[tokens[rows]], w13)
+        if ckpt.b13 is not None:
+            h = h + ckpt.b13[e]
+        if rnd.gemm1_out:
+            h = h.to(torch.bfloat16).float()
+        y = apply_activation(h, ckpt.activation)
+        if rnd.act_out:
+            y = y.to(torch.bfloat16).float()
+        a2 = activation_qdq(y, aq, ckpt, a2_scale)
+        z = gemm(a2, w2)
+        if ckpt.b2 is not None:
+            z = z + ckpt.b2[e]
+        out[rows] = z.to(torch.bfloat16).float() if rnd.gemm2_out else z
+    o = (out * topk_weights.reshape(-1, 1)).reshape(t, k, hsz).sum(1)
+    return o.to(torch.bfloat16)
+
+
+def _dequantize_expert(ckpt: MoECheckpoint, name: str, e: int) -> torch.Tensor:
+    """One expert's weight, dequantized alone (never all experts up front)."""
+    from dataclasses import replace
+
+    w = getattr(ckpt, name)
+    one = replace(
+        w,
+        data=w.data[e : e + 1],
+        scale=w.scale[e : e + 1] if w.scale is not None else None,
+        global_scale=w.global_scale[e : e + 1] if w.global_scale is not None else None,
+    )
+    return dequantize_weight(one, ckpt.scheme.weight, ckpt)[0]
