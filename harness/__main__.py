@@ -51,8 +51,17 @@ def _bench_reference(args) -> int:
     return 0
 
 
+def _schemes(_args) -> int:
+    from reference.schemes import SCHEMES
+
+    for s in SCHEMES.values():
+        print(f"{s.name:<28} weight={s.weight_label:<22} act={s.act_label:<40} {s.description}")
+    return 0
+
+
 COMMANDS = {
     "formats": (_formats, "every element format: bias, max normal, min normal/subnormal, Inf/NaN policy"),
+    "schemes": (_schemes, "every quantization scheme with its weight and activation formats"),
     "bench-reference": (_bench_reference, "CPU throughput of the reference quantizers"),
 }
 

@@ -88,6 +88,36 @@ MUTANTS = {
         "    return amax / fmax\n",
         "FP8 dynamic scale without the lower guard (zero group divides by zero)",
     ),
+    "moe_a2_qdq_dropped": (
+        "reference/moe.py",
+        "        a2e = activation_qdq(ye.float(), aq, ckpt, a2_scale).double() if aq is not None else ye\n",
+        "        a2e = ye\n",
+        "reference MoE drops the a2 (GEMM2 input) quantization",
+    ),
+    "moe_static_scale_mean": (
+        "reference/moe.py",
+        "        scales.append(s.float().amax())\n",
+        "        scales.append(s.float().mean())\n",
+        "static activation scale is the mean, not the max, over experts",
+    ),
+    "moe_swiglu_not_interleaved": (
+        "reference/activations.py",
+        "    if act.interleaved:\n",
+        "    if False:\n",
+        "SWIGLUOAI gate/up read as halves instead of interleaved",
+    ),
+    "bound_no_rounding_allowance": (
+        "harness/tolerances.py",
+        "    return torch.maximum(round_bf16(pre + d) - r, r - round_bf16(pre - d))\n",
+        "    return torch.zeros_like(d)\n",
+        "the bound forgets that both sides round to bf16 (too tight: fails correct kernels)",
+    ),
+    "bound_inflated": (
+        "harness/tolerances.py",
+        "    return ErrorBound(_through_rounding(d_out, trace.out_pre, rnd.output))\n",
+        "    return ErrorBound(64 * _through_rounding(d_out, trace.out_pre, rnd.output) + 0.05 * trace.out.abs())\n",
+        "a bound 64x too loose plus 5% (passes wrong kernels)",
+    ),
 }
 
 

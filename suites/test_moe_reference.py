@@ -1,0 +1,212 @@
+"""The reference MoE for every scheme x activation, and the derived bound: it never fails a correct
+computation, and it catches one weight code moved by one step, for every scheme."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from harness.emulation import moe_emulation
+from harness.mutations import rows_by_step_size, step_one_weight_code
+from harness.tolerances import compare, moe_error_bound
+from reference.activations import ACTIVATIONS
+from reference.checkpoints import make_checkpoint
+from reference.formats import E4M3FNUZ
+from reference.moe import fused_moe
+from reference.routing import RoutingConfig, route
+from reference.schemes import SCHEMES
+
+E, H, I, T, K = 4, 128, 128, 8, 2
+SCHEME_IDS = sorted(SCHEMES)
+ACT_IDS = sorted(ACTIVATIONS)
+
+
+def _inputs(seed: int, tokens: int = T, experts: int = E, top_k: int = K):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(tokens, H, generator=g) * 2).to(torch.bfloat16)
+    w, ids = route(torch.randn(tokens, experts, generator=g), RoutingConfig(top_k=top_k))
+    return x, w, ids
+
+
+@pytest.mark.parametrize("act", ACT_IDS)
+@pytest.mark.parametrize("scheme", SCHEME_IDS)
+def test_every_scheme_and_activation_runs_and_a_correct_emulation_passes_the_bound(scheme, act):
+    ckpt = make_checkpoint(scheme, act, E, H, I, seed=3, with_bias=act == "SWIGLUOAI")
+    x, w, ids = _inputs(seed=len(scheme) + len(act))
+    out, trace = fused_moe(x, ckpt, w, ids, trace=True)
+    assert out.dtype == torch.bfloat16 and out.shape == (T, H) and bool(torch.isfinite(out).all())
+    exact = fused_moe(x, ckpt, w, ids, exact=True)
+    assert exact.dtype == torch.float64
+    for operand_dtype in (torch.float32, torch.bfloat16):
+        bound = moe_error_bound(trace, ckpt, operand_dtype)
+        for seed in (None, 1):
+            got = moe_emulation(x, ckpt, w, ids, operand_dtype=operand_dtype, k_permutation_seed=seed)
+            c = compare(out, got, bound, f"{scheme}/{act}/emulation[{operand_dtype}, order {seed}]: output")
+            assert c.ok, c.message()
+
+
+@settings(max_examples=25)
+@given(
+    scheme=st.sampled_from(SCHEME_IDS),
+    act=st.sampled_from(ACT_IDS),
+    seed=st.integers(0, 2**16),
+    tokens=st.integers(1, 12),
+    routing=st.sampled_from(["random", "all_to_one", "ties", "skip_experts"]),
+    bias=st.booleans(),
+    dequantize_all=st.booleans(),
+)
+def test_the_bound_never_fails_a_correct_computation(scheme, act, seed, tokens, routing, bias, dequantize_all):
+    ckpt = make_checkpoint(scheme, act, E, H, I, seed=seed, with_bias=bias)
+    x, w, ids = _inputs(seed, tokens)
+    if routing == "all_to_one":  # one expert gets every token
+        ids = torch.stack([torch.zeros(tokens, dtype=torch.long), torch.ones(tokens, dtype=torch.long)], 1)
+    elif routing == "ties":  # tied logits: the documented tie-break (lower index) decides
+        w, ids = route(torch.zeros(tokens, E), RoutingConfig(top_k=K))
+    elif routing == "skip_experts":  # experts 1 and 2 get no token
+        ids = torch.stack([torch.zeros(tokens, dtype=torch.long), torch.full((tokens,), 3)], 1)
+    out, trace = fused_moe(x, ckpt, w, ids, trace=True)
+    for operand_dtype in (torch.float32, torch.bfloat16):
+        got = moe_emulation(x, ckpt, w, ids, operand_dtype=operand_dtype, k_permutation_seed=seed,
+                            dequantize_all_experts=dequantize_all)
+        c = compare(out, got, moe_error_bound(trace, ckpt, operand_dtype), f"{scheme}/{act}: output")
+        assert c.ok, c.message()
+
+
+def _most_exposed_pair(trace, values):
+    """The (token, k) pair and input column whose input magnitude times routing weight is largest."""
+    score = values.abs() * trace.pair_weight[:, None]
+    flat = int(score.argmax())
+    return flat // values.shape[1], flat % values.shape[1]
+
+
+@pytest.mark.parametrize("weight", ["w2", "w13"])
+@pytest.mark.parametrize("scheme", SCHEME_IDS)
+def test_the_bound_catches_one_weight_code_moved_by_one_step(scheme, weight):
+    act = "SILU"
+    ckpt = make_checkpoint(scheme, act, E, H, I, seed=5)
+    x, w, ids = _inputs(seed=11)
+    out, trace = fused_moe(x, ckpt, w, ids, trace=True)
+    if weight == "w2":
+        pair, column = _most_exposed_pair(trace, trace.a2)
+    else:
+        a1 = trace.a1[trace.pair_token]
+        pair, column = _most_exposed_pair(trace, a1)
+    expert = int(trace.pair_expert[pair])
+    bound = moe_error_bound(trace, ckpt)
+    # Among the 16 codes of the most exposed column whose step moves the weight most, take the one whose
+    # step moves the output most. (A w13 step can vanish when the activation is re-quantized, or move
+    # the output by one rounding only; no comparison can tell those from a correct kernel.)
+    candidates = []
+    for row in rows_by_step_size(ckpt, weight, expert, column)[:16]:
+        got = fused_moe(x, step_one_weight_code(ckpt, weight, expert, row, column), w, ids)
+        candidates.append((float((got.double() - out.double()).abs().max()), row, got))
+    moved, row, got = max(candidates, key=lambda c: c[0])
+    assert moved > 0, f"no step of the 16 most exposed {weight} codes in column {column} changed the output"
+    c = compare(out, got, bound, f"{scheme}/{act}: output")
+    assert not c.ok, f"{weight}[{expert}, {row}, {column}] moved one step and passed: {c.message()}"
+    assert scheme in c.what and "index" in c.message() and "ulp" in c.message()
+
+
+TWINS = [("w_mxfp4", "w_mxfp4_a_mxfp4"), ("w_mxfp6_e3m2", "w_mxfp6_e3m2_a_mxfp6_e3m2"),
+         ("w_mxfp6_e2m3", "w_mxfp6_e2m3_a_mxfp6_e2m3"), ("w_nvfp4", "w_nvfp4_a_nvfp4")]
+
+
+@pytest.mark.parametrize("weight_only, w4a4", TWINS)
+def test_weight_only_schemes_leave_activations_untouched_and_their_twins_do_not(weight_only, w4a4):
+    x, w, ids = _inputs(seed=2)
+    _, t16 = fused_moe(x, make_checkpoint(weight_only, "SILU", E, H, I, seed=0), w, ids, trace=True)
+    assert torch.equal(t16.a1, x.double())  # a1 is the bf16 input, bit for bit
+    assert torch.equal(t16.a2, t16.y)  # a2 is the bf16 activation output, bit for bit
+    _, t4 = fused_moe(x, make_checkpoint(w4a4, "SILU", E, H, I, seed=0), w, ids, trace=True)
+    assert not torch.equal(t4.a1, x.double())
+    assert not torch.equal(t4.a2, t4.y)
+
+
+def test_weight_only_checkpoint_run_as_w4a4_is_a_clear_error():
+    ckpt = make_checkpoint("w_nvfp4", "SILU", E, H, I)
+    from dataclasses import replace
+
+    from reference.schemes import SCHEMES as S
+
+    as_w4a4 = replace(ckpt, scheme=S["w_nvfp4_a_nvfp4"])  # same weights, no input scales
+    x, w, ids = _inputs(seed=0)
+    with pytest.raises(ValueError, match="no w13_input_scale"):
+        fused_moe(x, as_w4a4, w, ids)
+
+
+def test_nvfp4_global_scale_conventions_mean_the_same_weights():
+    x, w, ids = _inputs(seed=4)
+    dec = fused_moe(x, make_checkpoint("w_nvfp4_a_nvfp4", "SILU", E, H, I, seed=1, nvfp4_global_convention="decode"), w, ids)
+    enc = fused_moe(x, make_checkpoint("w_nvfp4_a_nvfp4", "SILU", E, H, I, seed=1, nvfp4_global_convention="encode"), w, ids)
+    # decode = fl(amax / 2688) and 1 / fl(2688 / amax) can differ in the last bit: compare within 1%
+    rel = ((dec.double() - enc.double()).norm() / dec.double().norm()).item()
+    assert rel < 2.0**-6, rel
+
+
+def test_fp8_format_is_a_checkpoint_property():
+    x, w, ids = _inputs(seed=6)
+    fn = make_checkpoint("w_fp8_a_fp8", "SILU", E, H, I, seed=1)
+    fnuz = make_checkpoint("w_fp8_a_fp8", "SILU", E, H, I, seed=1, fp8_format=E4M3FNUZ)
+    assert fn.w13.data.dtype == fnuz.w13.data.dtype == torch.uint8
+    assert not torch.equal(fn.w13.data, fnuz.w13.data)  # different code points for the same values
+    a, b = fused_moe(x, fn, w, ids), fused_moe(x, fnuz, w, ids)
+    assert ((a.double() - b.double()).norm() / a.double().norm()).item() < 0.1
+
+
+def test_zero_tokens_give_an_empty_output():
+    ckpt = make_checkpoint("w_mxfp4", "SILU", E, H, I)
+    out = fused_moe(torch.zeros(0, H, dtype=torch.bfloat16), ckpt, torch.zeros(0, K), torch.zeros(0, K, dtype=torch.long))
+    assert out.shape == (0, H)
+
+
+BAD_MOE = {
+    "hidden_fp32": (dict(x=torch.zeros(2, H)), TypeError, "hidden_states must be a bfloat16"),
+    "hidden_wrong_width": (dict(x=torch.zeros(2, H + 32, dtype=torch.bfloat16)), ValueError, r"hidden_states must be \[tokens, 128\]"),
+    "ids_out_of_range": (dict(ids=torch.tensor([[0, 4], [1, 2]])), ValueError, r"topk_ids must lie in \[0, 4\)"),
+    "ids_negative": (dict(ids=torch.tensor([[0, -1], [1, 2]])), ValueError, r"topk_ids must lie in"),
+    "ids_float": (dict(ids=torch.zeros(2, K)), TypeError, "topk_ids must be an int32/int64"),
+    "topk_too_large": (dict(ids=torch.zeros(2, 5, dtype=torch.long), w=torch.zeros(2, 5)), ValueError, r"top_k must be in \[1, num_experts=4\]"),
+    "weights_shape": (dict(w=torch.zeros(2, 3)), ValueError, "topk_weights must have topk_ids' shape"),
+    "weights_bf16": (dict(w=torch.zeros(2, K, dtype=torch.bfloat16)), TypeError, "topk_weights must be a float32"),
+    "hidden_nan": (dict(x=torch.full((2, H), float("nan"), dtype=torch.bfloat16)), ValueError, "hidden_states must be finite"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_MOE))
+def test_bad_moe_input_is_rejected(name):
+    ckpt = make_checkpoint("w_mxfp4", "SILU", E, H, I)
+    args = dict(x=torch.zeros(2, H, dtype=torch.bfloat16), w=torch.full((2, K), 0.5), ids=torch.tensor([[0, 1], [2, 3]]))
+    override, exc, pattern = BAD_MOE[name]
+    args.update(override)
+    with pytest.raises(exc, match=pattern):
+        fused_moe(args["x"], ckpt, args["w"], args["ids"])
+
+
+def test_unknown_scheme_or_activation_is_an_error():
+    with pytest.raises(ValueError, match="unknown scheme 'w_mxfp5'"):
+        make_checkpoint("w_mxfp5", "SILU", E, H, I)
+    with pytest.raises(ValueError, match="unknown activation 'SWISH'"):
+        make_checkpoint("w_mxfp4", "SWISH", E, H, I)
+    with pytest.raises(ValueError, match="hidden_size=100 must be a positive multiple of 32"):
+        make_checkpoint("w_mxfp4", "SILU", E, 100, I)
+
+
+def test_static_activation_scales_are_the_max_over_experts():
+    for scheme in ("w_mxfp4_a_fp8", "w_fp8_a_fp8", "w_nvfp4_a_nvfp4"):
+        ckpt = make_checkpoint(scheme, "SILU", E, H, I, seed=2)
+        x, w, ids = _inputs(seed=2)
+        _, trace = fused_moe(x, ckpt, w, ids, trace=True)
+        assert trace.a1_scale == ckpt.w13_input_scale.max() and trace.a2_scale == ckpt.w2_input_scale.max()
+        assert ckpt.w13_input_scale.min() < ckpt.w13_input_scale.max()  # the max is not any one expert's
+
+
+def test_python_m_harness_schemes_lists_every_scheme():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "harness", "schemes"], capture_output=True, text=True, check=True).stdout
+    lines = out.strip().splitlines()
+    assert [line.split()[0] for line in lines] == list(SCHEMES)
+    assert "weight=mxe2m1" in out and "act=bf16 (A16)" in out
