@@ -1,15 +1,20 @@
-"""Project-wide pytest configuration: Hypothesis profiles and the example database.
+"""Project-wide pytest configuration: Hypothesis profiles, platform markers, backend selection.
 
 Profiles (pick with --hypothesis-profile NAME; `make test` uses ci):
   dev      quick local runs, random, database in .hypothesis/
   ci       derandomized and bounded so that `make test` fits CI's budget; no database writes
   nightly  many examples, database written (share .hypothesis/examples between runs, e.g. as a CI cache)
+Backends: every registered one (built-ins and the `moe_conformance.backends` entry points), or only
+those named with --backend NAME|module:factory (repeatable).
+Markers: a test of platform-independent truths (the reference) holds on every platform and carries
+all platform markers; a conformance case carries its platform's. `pytest -m gfx942` selects both.
 """
 
 from __future__ import annotations
 
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 
@@ -25,3 +30,56 @@ settings.register_profile(
     "nightly", max_examples=2000, deadline=None, database=_DB, print_blob=True, suppress_health_check=_SLOW_OK,
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+PLATFORM_MARKERS = ("cpu", "sm90", "sm100", "gfx942", "gfx950")
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("moe-conformance")
+    group.addoption("--backend", action="append", default=[], metavar="NAME|module:factory",
+                    help="run the conformance suites on these backends only (repeatable)")
+
+
+def pytest_configure(config):
+    from harness.backends import load_backend, registered_backends
+
+    specs = config.getoption("--backend")
+    config.moe_backends = {b.name: b for b in map(load_backend, specs)} if specs else registered_backends()
+
+
+def pytest_generate_tests(metafunc):
+    if "conformance_case" in metafunc.fixturenames or "backend_name" in metafunc.fixturenames:
+        from harness.conformance import ConformanceCase, skip_reason
+        from harness.platforms import PLATFORMS, detect_platform
+        from reference.activations import ACTIVATIONS
+        from reference.schemes import SCHEMES
+
+        backends = metafunc.config.moe_backends
+        host = detect_platform()
+        if "backend_name" in metafunc.fixturenames:
+            metafunc.parametrize("backend_name", sorted(backends))
+            return
+        params = []
+        for bname in sorted(backends):
+            for platform in PLATFORMS.values():
+                for scheme in SCHEMES.values():
+                    for act in ACTIVATIONS.values():
+                        case = ConformanceCase(bname, platform, scheme, act)
+                        marks = [getattr(pytest.mark, platform.name)]
+                        reason = skip_reason(backends[bname], case, host)
+                        if reason:
+                            marks.append(pytest.mark.skip(reason=reason))
+                        params.append(pytest.param(case, marks=marks, id=case.id))
+        metafunc.parametrize("conformance_case", params)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if not any(item.get_closest_marker(m) for m in PLATFORM_MARKERS):
+            for m in PLATFORM_MARKERS:  # platform-independent: must hold everywhere
+                item.add_marker(getattr(pytest.mark, m))
+
+
+@pytest.fixture(scope="session")
+def backends(request):
+    return request.config.moe_backends

@@ -59,8 +59,38 @@ def _schemes(_args) -> int:
     return 0
 
 
+def _platforms(_args) -> int:
+    from harness.platforms import PLATFORMS, host_info
+
+    host = host_info()
+    for p in PLATFORMS.values():
+        here = "  <- this machine" if p is host.platform else ""
+        native = ",".join(sorted(p.native_formats)) or "-"
+        print(f"{p.name:<7} fp8={p.fp8_format.name:<9} native={native:<24} priority={' > '.join(p.backend_priority)}{here}")
+        print(f"        {p.description}")
+    print(f"\nthis machine: {host.platform.name} ({host.device_name}), torch {host.torch_version}, triton {host.triton_version}")
+    return 0
+
+
+def _oracle(args) -> int:
+    from harness.backends import registered_backends
+    from harness.oracle import ORACLE_TABLE_PATH, all_platforms, format_oracle_table
+    from harness.platforms import platform_by_name
+
+    platforms = all_platforms() if args.all else [platform_by_name(args.platform)]
+    table = format_oracle_table(platforms, registered_backends(args.backend))
+    if args.write:
+        ORACLE_TABLE_PATH.write_text(table)
+        print(f"wrote {ORACLE_TABLE_PATH}")
+    else:
+        print(table, end="")
+    return 0
+
+
 COMMANDS = {
     "formats": (_formats, "every element format: bias, max normal, min normal/subnormal, Inf/NaN policy"),
+    "platforms": (_platforms, "every platform: FP8 dtype, native formats, backend priorities; which one is this machine"),
+    "oracle": (_oracle, "scheme x activation -> chosen backend (or why none) on a platform"),
     "schemes": (_schemes, "every quantization scheme with its weight and activation formats"),
     "bench-reference": (_bench_reference, "CPU throughput of the reference quantizers"),
 }
@@ -71,6 +101,11 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (_, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text)
+        if name == "oracle":
+            p.add_argument("--platform", default="cpu")
+            p.add_argument("--all", action="store_true", help="every platform")
+            p.add_argument("--write", action="store_true", help="rewrite the checked-in table")
+            p.add_argument("--backend", action="append", default=[], help="extra backend module:factory")
         if name == "bench-reference":
             p.add_argument("--rows", type=int, default=4096)
             p.add_argument("--cols", type=int, default=4096)

@@ -69,7 +69,7 @@ def fp8_group_shape(shape, granularity: Granularity, block_shape: tuple[int, int
         raise ValueError(f"x must have at least 2 dims [..., M, K] for FP8 scales, got shape {tuple(shape)}")
     m, k = shape[-2], shape[-1]
     if granularity is Granularity.PER_TENSOR:
-        return (m, k)
+        return (max(m, 1), k)
     if granularity is Granularity.PER_TOKEN:
         return (1, k)
     if granularity is Granularity.PER_BLOCK:
@@ -80,6 +80,11 @@ def fp8_group_shape(shape, granularity: Granularity, block_shape: tuple[int, int
             raise ValueError(f"x's last two dims {(m, k)} are not divisible by block_shape {tuple(block_shape)}")
         return (bm, bk)
     raise TypeError(f"granularity must be a Granularity, got {granularity!r}")
+
+
+def _scale_shape(shape, granularity: Granularity, bm: int, bk: int) -> tuple[int, ...]:
+    rows = 1 if granularity is Granularity.PER_TENSOR else shape[-2] // bm  # zero rows keep a tensor scale
+    return (*shape[:-2], rows, shape[-1] // bk)
 
 
 def _groups(x: torch.Tensor, bm: int, bk: int) -> torch.Tensor:
@@ -113,6 +118,8 @@ def fp8_dynamic_scale(
     check_float_input(x)
     fmax = _check_fmt(fmt, max_value)
     bm, bk = fp8_group_shape(x.shape, granularity, block_shape)
+    if x.numel() == 0:
+        return torch.ones(_scale_shape(x.shape, granularity, bm, bk))
     amax = _groups(x.float(), bm, bk).abs().amax(dim=(-2, -1))
     return torch.clamp_min(amax / fmax, 1.0 / (fmax * _MIN_SCALE_DIVISOR))
 
@@ -147,7 +154,7 @@ def quantize_fp8(
     xf = x.float()
     if not bool(torch.isfinite(xf).all()):
         raise ValueError("x must be finite for FP8 quantization (NaN/Inf would poison the scale)")
-    want = (*x.shape[:-2], x.shape[-2] // bm, x.shape[-1] // bk)
+    want = _scale_shape(x.shape, granularity, bm, bk)
     if scale is None:
         scale = fp8_dynamic_scale(xf, fmt, granularity, block_shape, max_value)
     else:
@@ -178,6 +185,8 @@ def dequantize_fp8(
         raise ValueError(f"scale must have codes' rank {codes.dim()} (>= 2), got shape {tuple(scale.shape)}")
     m, k = codes.shape[-2:]
     sm, sk = scale.shape[-2:]
+    if codes.numel() == 0:
+        return torch.zeros(codes.shape, dtype=dtype)  # no rows: nothing to scale
     if sm == 0 or sk == 0 or m % sm or k % sk or tuple(scale.shape[:-2]) != tuple(codes.shape[:-2]):
         raise ValueError(f"scale of shape {tuple(scale.shape)} does not tile codes of shape {tuple(codes.shape)}")
     scale = _check_scale(scale, tuple(scale.shape))

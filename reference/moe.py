@@ -51,6 +51,7 @@ class MoETrace:
     pair_weight: torch.Tensor  # [P] routing weight of each pair (float64)
     a1_scale: torch.Tensor | None  # static a1 scale actually used (FP8 scale / NVFP4 decode global)
     a2_scale: torch.Tensor | None
+    top_k: int
 
 
 def round_bf16(x: torch.Tensor, enabled: bool = True) -> torch.Tensor:
@@ -175,5 +176,5 @@ def fused_moe(
         return result
     return result, MoETrace(
         a1, h, y, a2, z, out, h_pre, y_pre, z_pre, out_pre, w13, w2, pair_token, pair_expert, pair_weight,
-        a1_scale, a2_scale,
+        a1_scale, a2_scale, k,
     )

@@ -99,11 +99,11 @@ def _scales(x: torch.Tensor, global_encode_scale, global_decode_scale, variant: 
         s_enc = 1.0 / s_dec
     else:
         if global_encode_scale is None:
-            s_enc = nvfp4_global_encode_scale(xf.abs().amax())
+            s_enc = nvfp4_global_encode_scale(xf.abs().amax() if xf.numel() else torch.tensor(0.0))
         else:
             s_enc = _check_global(global_encode_scale, "global_encode_scale")
         s_dec = 1.0 / s_enc
-    xb = xf.reshape(*xf.shape[:-1], -1, NVFP4_BLOCK_SIZE)
+    xb = xf.reshape(*xf.shape[:-1], xf.shape[-1] // NVFP4_BLOCK_SIZE, NVFP4_BLOCK_SIZE)
     amax_b = xb.abs().amax(dim=-1)
     try:
         s_enc_b = torch.broadcast_to(s_enc, amax_b.shape)

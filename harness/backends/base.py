@@ -1,0 +1,68 @@
+"""The backend protocol: the public plugin surface (documented in README, "Write a backend").
+
+A backend is any object with:
+  name: str
+  supports(problem, platform) -> (ok: bool, reason: str)   can it compute this problem with that
+                                                           platform's semantics? (the oracle asks this)
+  prepare(ckpt) -> prepared                                checkpoint layout in, the backend's layout out
+  forward(prepared, hidden_states, topk_weights, topk_ids) -> bf16 [T, H]
+Optional:
+  available(platform) -> (ok, reason)   can it run here, now (device, packages)? default: yes
+  operand_dtype: torch.dtype            float32 (default) or bfloat16 if it rounds dequantized GEMM
+                                        operands to bf16; the derived bound depends on it
+  quantize_mx(x, elem, scale_mode) -> (codes, scales)              quantizer entry points, checked
+  quantize_nvfp4(x, global_decode_scale) -> (codes, block_scales)  bit-exactly against the reference
+  quantize_fp8(x, fmt, granularity, block_shape, scale) -> (codes, scale)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from reference.activations import Activation
+from reference.checkpoints import MoECheckpoint
+from reference.schemes import Scheme
+
+__all__ = ["Problem", "Backend", "backend_operand_dtype", "backend_available"]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What a backend is asked to compute (shapes included: a backend may support only some)."""
+
+    scheme: Scheme
+    activation: Activation
+    num_experts: int = 8
+    hidden_size: int = 256
+    intermediate_size: int = 256
+    tokens: int = 16
+    top_k: int = 2
+    has_bias: bool = False
+
+    @property
+    def label(self) -> str:
+        return f"{self.scheme.name}/{self.activation.name}"
+
+
+@runtime_checkable
+class Backend(Protocol):
+    name: str
+
+    def supports(self, problem: Problem, platform: Any) -> tuple[bool, str]: ...
+
+    def prepare(self, ckpt: MoECheckpoint) -> Any: ...
+
+    def forward(self, prepared: Any, hidden_states: torch.Tensor, topk_weights: torch.Tensor,
+                topk_ids: torch.Tensor) -> torch.Tensor: ...
+
+
+def backend_operand_dtype(backend) -> torch.dtype:
+    return getattr(backend, "operand_dtype", torch.float32)
+
+
+def backend_available(backend, platform) -> tuple[bool, str]:
+    fn = getattr(backend, "available", None)
+    return fn(platform) if fn is not None else (True, "")

@@ -1,0 +1,108 @@
+"""Platforms as data, and the one place that detects which one this machine is.
+
+A platform is what must hold there: its FP8 dtype, the formats its hardware runs natively, and the
+oracle's backend priority list (ending in an emulation backend, so every scheme x activation resolves).
+Semantics (FP8 dtype, priorities) are simulated anywhere; hardware is detected here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from reference.formats import E4M3FN, E4M3FNUZ, FloatFormat
+
+__all__ = ["Platform", "PLATFORMS", "platform_by_name", "detect_platform", "HostInfo", "host_info"]
+
+
+@dataclass(frozen=True)
+class Platform:
+    name: str
+    vendor: str  # "cpu", "nvidia", "amd"
+    description: str
+    fp8_format: FloatFormat
+    native_formats: frozenset[str]  # what the hardware's matrix units take natively
+    backend_priority: tuple[str, ...]  # the oracle's order; the last is an emulation backend
+    marker: str = ""
+
+    @property
+    def fp8_dtype(self) -> torch.dtype:
+        return {E4M3FN: torch.float8_e4m3fn, E4M3FNUZ: torch.float8_e4m3fnuz}[self.fp8_format]
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.vendor != "cpu"
+
+
+_EMULATION_TAIL = ("triton_emulation", "torch_emulation")
+
+PLATFORMS: dict[str, Platform] = {
+    p.name: p
+    for p in (
+        Platform("cpu", "cpu", "CPU: Triton kernels under the interpreter (TRITON_INTERPRET=1)", E4M3FN,
+                 frozenset(), _EMULATION_TAIL),
+        Platform("sm90", "nvidia", "NVIDIA Hopper (H100/H200): FP8 native, FP4/FP6 emulated", E4M3FN,
+                 frozenset({"fp8"}), ("torch_fp8", "triton_dot_scaled", *_EMULATION_TAIL)),
+        Platform("sm100", "nvidia", "NVIDIA Blackwell (B200): native MXFP8/MXFP4/NVFP4 and FP8", E4M3FN,
+                 frozenset({"fp8", "mxfp8", "mxfp4", "nvfp4"}),
+                 ("torch_blockscaled", "torch_fp8", "triton_dot_scaled", *_EMULATION_TAIL)),
+        Platform("gfx942", "amd", "AMD MI300 (gfx942): E4M3FNUZ FP8, no FP4/FP6", E4M3FNUZ,
+                 frozenset({"fp8"}), ("aiter", "torch_fp8", *_EMULATION_TAIL)),
+        Platform("gfx950", "amd", "AMD MI350 (gfx950): OCP FP8, native MXFP4/MXFP6", E4M3FN,
+                 frozenset({"fp8", "mxfp4", "mxfp6"}), ("aiter", "triton_dot_scaled", "torch_fp8", *_EMULATION_TAIL)),
+    )
+}
+
+
+def platform_by_name(name: str) -> Platform:
+    try:
+        return PLATFORMS[name]
+    except KeyError:
+        raise ValueError(f"unknown platform {name!r}; expected one of {sorted(PLATFORMS)}") from None
+
+
+@dataclass(frozen=True)
+class HostInfo:
+    platform: Platform
+    device_name: str
+    torch_version: str
+    triton_version: str | None
+
+    @property
+    def has_gpu(self) -> bool:
+        return self.platform.is_gpu
+
+
+def _detect() -> tuple[Platform, str]:
+    if not torch.cuda.is_available():
+        return PLATFORMS["cpu"], "cpu"
+    props = torch.cuda.get_device_properties(0)
+    if torch.version.hip:
+        arch = getattr(props, "gcnArchName", "").split(":")[0]
+        if arch in PLATFORMS:
+            return PLATFORMS[arch], props.name
+        raise RuntimeError(f"AMD GPU {props.name} ({arch}) is not a platform this harness models: {sorted(PLATFORMS)}")
+    major, minor = torch.cuda.get_device_capability(0)
+    name = {9: "sm90", 10: "sm100"}.get(major)
+    if name is None:
+        raise RuntimeError(f"NVIDIA GPU {props.name} (sm{major}{minor}) is not a platform this harness models")
+    return PLATFORMS[name], props.name
+
+
+@functools.lru_cache(maxsize=1)
+def host_info() -> HostInfo:
+    platform, device = _detect()
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:  # pragma: no cover - triton is a dependency
+        triton_version = None
+    return HostInfo(platform, device, torch.__version__, triton_version)
+
+
+def detect_platform() -> Platform:
+    """The platform this machine is (cpu when no GPU is visible)."""
+    return host_info().platform

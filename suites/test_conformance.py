@@ -1,0 +1,111 @@
+"""The conformance suite: every backend x platform x scheme x activation against the reference, within
+the derived bound. Unsupported combinations are skipped with the backend's reason (decided in
+harness.conformance.skip_reason, at collection)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from harness.conformance import SHAPES, _checkpoint, case_inputs, compare_backend, problem_for, run_case
+from harness.platforms import PLATFORMS, detect_platform
+from harness.strategies import mx_tensor
+from harness.tolerances import Exact, compare
+from reference.activations import ACTIVATIONS
+from reference.formats import E2M1
+from reference.fp8 import FP8_FORMATS, Granularity, quantize_fp8
+from reference.moe import fused_moe
+from reference.mx import MX_ELEMENT_FORMATS, ScaleMode, quantize_mx
+from reference.nvfp4 import quantize_nvfp4
+from reference.schemes import SCHEMES
+
+
+def _shape():
+    return SHAPES["gpu" if detect_platform().is_gpu else "cpu"]
+
+
+def test_conformance(conformance_case, backends):
+    result = run_case(backends[conformance_case.backend_name], conformance_case, _shape())
+    assert result.ok, result.message()
+
+
+def _runnable(backend):
+    """(scheme, activation, platform) combinations this backend supports and can run here."""
+    out = []
+    for p in PLATFORMS.values():
+        if not getattr(backend, "available", lambda _p: (True, ""))(p)[0]:
+            continue
+        out += [(s, a, p.name) for s in sorted(SCHEMES) for a in sorted(ACTIVATIONS) if backend.supports(problem_for(s, a), p)[0]]
+    return out
+
+
+@settings(max_examples=12)
+@given(
+    data=st.data(),
+    seed=st.integers(0, 2**16),
+    tokens=st.integers(0, 10),
+    routing=st.sampled_from(["random", "all_to_one", "skip_experts"]),
+)
+def test_conformance_hypothesis(backend_name, backends, data, seed, tokens, routing):
+    """Random problems, token counts (zero included) and skewed routing for each backend."""
+    backend = backends[backend_name]
+    runnable = _runnable(backend)
+    if not runnable:
+        pytest.skip(f"{backend_name} can run nothing on this machine")
+    scheme, act, platform = data.draw(st.sampled_from(runnable), label="scheme/activation/platform")
+    p = PLATFORMS[platform]
+    shape = _shape()
+    ckpt = _checkpoint(scheme, act, p.fp8_format.name, shape, seed % 4)
+    x, w, ids = case_inputs(shape, seed, tokens)
+    if routing == "all_to_one":
+        ids = torch.arange(shape.top_k).repeat(tokens, 1)
+    elif routing == "skip_experts":  # only the last top_k experts get tokens
+        ids = torch.arange(shape.num_experts - shape.top_k, shape.num_experts).repeat(tokens, 1)
+    out, trace = fused_moe(x, ckpt, w, ids, trace=True)
+    result = compare_backend(backend, ckpt, (x, w, ids), out, trace, f"{scheme}/{act}/{backend_name}/{platform}")
+    assert result.ok, result.message()
+
+
+QUANTIZER_CASES = [
+    ("quantize_mx", dict(elem=elem, scale_mode=mode)) for elem in MX_ELEMENT_FORMATS for mode in (ScaleMode.FLOOR, ScaleMode.RCEIL)
+] + [
+    ("quantize_nvfp4", dict(global_decode_scale=torch.tensor(0.01))),
+] + [
+    ("quantize_fp8", dict(fmt=fmt, granularity=g, block_shape=b, scale=None))
+    for fmt in FP8_FORMATS for g, b in ((Granularity.PER_TOKEN, None), (Granularity.PER_BLOCK, (1, 32)))
+]
+
+
+def _reference_quantize(entry: str, x: torch.Tensor, params: dict):
+    if entry == "quantize_mx":
+        return tuple(quantize_mx(x, params["elem"], scale_mode=params["scale_mode"]))
+    if entry == "quantize_nvfp4":
+        q = quantize_nvfp4(x, global_decode_scale=params["global_decode_scale"])
+        return q.codes, q.block_scales
+    return tuple(quantize_fp8(x, params["fmt"], granularity=params["granularity"], block_shape=params["block_shape"]))
+
+
+@settings(max_examples=8)
+@given(data=st.data())
+def test_backend_quantizer_entry_points_are_bit_exact(backend_name, backends, data):
+    """Optional entry points (quantize_mx / quantize_nvfp4 / quantize_fp8) must return the reference's
+    bytes: codes and scales, bit for bit. NotImplementedError from an entry point means unsupported."""
+    backend = backends[backend_name]
+    cases = [(e, p) for e, p in QUANTIZER_CASES if hasattr(backend, e)]
+    if not cases:
+        pytest.skip(f"{backend_name} exposes no quantizer entry points")
+    entry, params = data.draw(st.sampled_from(cases), label="entry point")
+    fmt = params.get("elem", params.get("fmt", E2M1))
+    x = torch.nan_to_num(data.draw(mx_tensor(fmt, rows=2)), posinf=1e30, neginf=-1e30).clamp(-1e30, 1e30)
+    if entry != "quantize_mx":
+        assume(x.abs().amax() < 1e4 * params.get("global_decode_scale", torch.tensor(1e30)))
+    try:
+        got = getattr(backend, entry)(x, **params)
+    except NotImplementedError as exc:
+        pytest.skip(f"{backend_name}.{entry}({params}) is not implemented: {exc}")
+    expected = _reference_quantize(entry, x, params)
+    for name, e, g in zip(("codes", "scales"), expected, got):
+        c = compare(e, g.cpu(), Exact(), f"{backend_name}.{entry}({params}): {name}")
+        assert c.ok, c.message()

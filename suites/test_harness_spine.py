@@ -1,0 +1,150 @@
+"""The harness spine: platforms as data, the backend registry and plugins, the dispatch oracle."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness.backends import BUILTIN_BACKENDS, load_backend, registered_backends
+from harness.backends.base import Problem
+from harness.conformance import SHAPES, reference_run
+from harness.oracle import ORACLE_TABLE_PATH, NoBackendError, all_platforms, choose_backend, format_oracle_table
+from harness.platforms import PLATFORMS, detect_platform, platform_by_name
+from harness.tolerances import compare, moe_error_bound
+from reference.activations import activation_by_name
+from reference.formats import E4M3FN, E4M3FNUZ
+from reference.schemes import scheme_by_name
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _problem(scheme, act):
+    return Problem(scheme_by_name(scheme), activation_by_name(act))
+
+
+def test_platforms_are_data_with_an_emulation_fallback_last():
+    assert set(PLATFORMS) == {"cpu", "sm90", "sm100", "gfx942", "gfx950"}
+    for p in PLATFORMS.values():
+        assert p.backend_priority[-1] == "torch_emulation", p.name
+    assert PLATFORMS["gfx942"].fp8_format is E4M3FNUZ and PLATFORMS["gfx942"].fp8_dtype == torch.float8_e4m3fnuz
+    assert all(PLATFORMS[n].fp8_format is E4M3FN for n in ("cpu", "sm90", "sm100", "gfx950"))
+    with pytest.raises(ValueError, match="unknown platform 'mi300'"):
+        platform_by_name("mi300")
+
+
+def test_this_machine_is_detected_in_one_place():
+    expected = "cpu" if not torch.cuda.is_available() else detect_platform().name
+    assert detect_platform().name == expected
+
+
+def test_the_checked_in_oracle_table_is_current():
+    table = format_oracle_table(all_platforms(), registered_backends())
+    assert ORACLE_TABLE_PATH.read_text() == table, "dispatch changed: run `python -m harness oracle --all --write`"
+
+
+def test_every_platform_resolves_every_scheme_and_activation():
+    assert "-> NONE" not in ORACLE_TABLE_PATH.read_text()
+
+
+def test_gfx942_kimi_k3_regression_situ_falls_back_losslessly():
+    """gfx942 AITER rejected SiTU and model init raised NotImplementedError: the oracle must skip it, say
+    why, and fall back to an emulation path that keeps activations bf16 for a weight-only scheme."""
+    backends = registered_backends()
+    gfx942 = PLATFORMS["gfx942"]
+    assert choose_backend(_problem("w_mxfp4", "SILU"), gfx942, backends).backend == "aiter"
+    d = choose_backend(_problem("w_mxfp4", "SITU"), gfx942, backends)
+    assert d.backend != "aiter" and d.backend.endswith("emulation")
+    assert "aiter" in d.explain() and "SITU" in d.explain()
+    # lossless: the chosen backend meets the W4A16 reference (bf16 activations) within the derived bound
+    shape = SHAPES["cpu"]
+    ckpt, inputs, out, trace = reference_run("w_mxfp4", "SITU", gfx942.fp8_format.name, shape, 0)
+    assert torch.equal(trace.a1, inputs[0].double())  # the reference leaves a1 untouched
+    backend = backends[d.backend]
+    got = backend.forward(backend.prepare(ckpt), *inputs)
+    c = compare(out, got, moe_error_bound(trace, ckpt, getattr(backend, "operand_dtype", torch.float32)), "gfx942")
+    assert c.ok, c.message()
+
+
+def test_an_explicit_choice_never_falls_back():
+    backends = registered_backends()
+    with pytest.raises(NoBackendError, match="'aiter' was requested for w_mxfp4/SITU on gfx942 but: .*SITU"):
+        choose_backend(_problem("w_mxfp4", "SITU"), PLATFORMS["gfx942"], backends, explicit="aiter")
+    with pytest.raises(NoBackendError, match="not registered"):
+        choose_backend(_problem("w_mxfp4", "SITU"), PLATFORMS["gfx942"], backends, explicit="cutlass")
+
+
+def test_when_nothing_fits_the_error_names_every_candidate():
+    only_aiter = replace(PLATFORMS["gfx942"], backend_priority=("aiter", "marlin"))
+    with pytest.raises(NoBackendError) as err:
+        choose_backend(_problem("w_nvfp4", "SITU"), only_aiter, registered_backends())
+    msg = str(err.value)
+    assert "aiter: AITER fused MoE has no w_nvfp4 kernel on gfx942" in msg and "marlin: not registered" in msg
+
+
+def test_runtime_dispatch_also_requires_the_backend_to_run_here():
+    d = choose_backend(_problem("w_fp8_a_fp8", "SILU"), PLATFORMS["gfx942"], registered_backends(), require_available=True)
+    assert d.backend != "aiter" and "capability model only" in d.explain()
+
+
+def test_load_backend_errors():
+    with pytest.raises(ValueError, match="unknown backend 'cutlass'"):
+        load_backend("cutlass")
+    with pytest.raises(ValueError, match="cannot import 'no_such_module'"):
+        load_backend("no_such_module:make")
+    with pytest.raises(ValueError, match="has no 'nope'"):
+        load_backend("examples.simple_backend:nope")
+    with pytest.raises(TypeError, match=r"missing \['name', 'supports', 'prepare', 'forward'\]"):
+        load_backend("types:SimpleNamespace")  # SimpleNamespace() has no name either
+    assert set(BUILTIN_BACKENDS) <= set(registered_backends())
+
+
+def test_entry_point_backends_are_registered(monkeypatch):
+    import harness.backends as hb
+
+    class FakeEntryPoint:
+        value = "examples.simple_backend:make_backend"
+
+    monkeypatch.setattr(hb, "entry_points", lambda group: [FakeEntryPoint()] if group == hb.ENTRY_POINT_GROUP else [])
+    assert "simple_example" in hb.registered_backends()
+
+
+def _pytest(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--hypothesis-profile=ci", "-q", *args],
+        cwd=ROOT, capture_output=True, text=True,
+    )
+
+
+def test_an_outside_backend_gets_the_whole_suite_and_passes():
+    proc = _pytest("suites/test_conformance.py", "--backend", "examples.simple_backend:make_backend", "-m", "cpu")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert proc.stdout.splitlines()[-1].split()[0].isdigit() and "failed" not in proc.stdout.splitlines()[-1]
+
+
+def test_a_wrong_outside_backend_fails_naming_scheme_stage_and_element():
+    proc = _pytest("suites/test_conformance.py", "--backend", "examples.wrong_backend:make_backend",
+                   "-k", "w_mxfp4_a_mxfp4/SILU/ and cpu and not hypothesis")
+    assert proc.returncode == 1
+    line = next(ln for ln in proc.stdout.splitlines() if "AssertionError: w_mxfp4_a_mxfp4/SILU/wrong_example/cpu" in ln)
+    assert ": output:" in line and "worst at index (" in line and "expected" in line and "bf16 ulp" in line
+
+
+def test_pytest_m_gfx942_runs_here_with_hardware_cases_skipped_and_reasons_shown():
+    proc = _pytest("suites/test_conformance.py", "-m", "gfx942", "-k", "w_fp8_a_fp8/SILU/ and not hypothesis", "-rs")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "1 passed, 1 skipped" in proc.stdout.splitlines()[-1]  # torch_emulation runs, aiter skips
+    assert "aiter on this cpu machine: capability model only" in proc.stdout
+
+
+def test_cli_platforms_and_oracle():
+    out = subprocess.run([sys.executable, "-m", "harness", "platforms"], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout
+    assert "gfx942  fp8=e4m3fnuz" in out and "this machine:" in out
+    out = subprocess.run([sys.executable, "-m", "harness", "oracle", "--platform", "gfx942"], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout
+    assert "gfx942  w_mxfp4                    SITU              -> torch_emulation" in out
