@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 test: $(STAMP)
-	$(PYTEST) --hypothesis-profile=ci -q
+	$(PYTEST) --hypothesis-profile=ci -q -n auto
 
 conformance: $(STAMP)
 	mkdir -p report

@@ -5,13 +5,13 @@ The MoE bound (moe_error_bound) follows the reference trace stage by stage, for 
 same inputs and quantizes activations bit-exactly but may accumulate in any order in fp32, may feed its
 GEMMs bf16 operands where the dequantized values are not exactly bf16 (derived from the data), and
 rounds to bf16 at the scheme's rounding points:
-  GEMM      |h' - h| <= (u_w + u_a + u_w u_a + gamma_{K+1}) sum|w||a| + sum|w| d_a        (Higham 3.5)
+  GEMM      |h' - h| <= (2u_op + u_op^2 + gamma_{K+4}) sum|w||a| + sum|w| d_a           (Higham 3.5)
   rounding  |rnd(h') - rnd(h)| <= (1 + u) |h' - h| + 2u|h|(1 + u)                      u = 2^-8 for bf16
   activation phi(g) psi(u): |d phi| <= L d_g (L = sup|phi'|, derived numerically; RELU2: (2|g| + d_g) d_g),
             |d psi| <= d_u (clamps, tanh-scaling and +1 are 1-Lipschitz),
-            |dy| <= |d phi| |psi| + |phi| |d psi| + |d phi| |d psi| + 64 u_fp32 (|phi| + |g|) |psi|
-            (the last term: fp32 evaluation of exp/tanh/erf, 64 ulps, above any libm or fast-math
-            intrinsic's few-ulp error and still 2^-18 relative)
+            |dy| <= |d phi| |psi| + |phi| |d psi| + |d phi| |d psi| + 2 * 64 u_fp32 (|phi| + |g| + c) |psi|
+            (the last term: fp32 evaluation of exp/tanh/erf on both sides, 64 ulps of the formula's
+            largest magnitude, c = 1, or beta for SITU; above any libm or fast-math intrinsic's error)
   re-quantization of a2: codes must match except where the kernel's input could lie across a rounding
             midpoint or a block-scale threshold; there the deviation is the widest quantized value over
             every input in [y - d_y, y + d_y] and every block scale those inputs can pick (computed with
@@ -142,9 +142,10 @@ def compare(expected: torch.Tensor, got: torch.Tensor, tolerance: Exact | ErrorB
 # ---- the MoE bound -----------------------------------------------------------------------------
 
 
-def _operand_unit(values: torch.Tensor) -> float:
-    """u_bf16 if these GEMM operands are not all exactly bf16 (a kernel may round them), else 0."""
-    return 0.0 if bool((values.to(torch.bfloat16).double() == values).all()) else U_BF16
+def _operand_unit(values: torch.Tensor, unit: float) -> float:
+    """`unit` if these GEMM operands are not all exactly bf16 (a kernel may round them to its operand
+    type, or apply their scales to partial sums instead of to each operand), else 0."""
+    return 0.0 if bool((values.to(torch.bfloat16).double() == values).all()) else unit
 
 
 def _through_rounding(d: torch.Tensor, pre: torch.Tensor, enabled: bool) -> torch.Tensor:
@@ -159,12 +160,14 @@ def _through_rounding(d: torch.Tensor, pre: torch.Tensor, enabled: bool) -> torc
 
 def _gemm_bound(w: torch.Tensor, a: torch.Tensor, d_a: torch.Tensor | None, bias, u_op: float):
     """Per-output bound of a' @ w.T computed in fp32 from operands each possibly rounded with unit u_op
-    (0 where the operands are exact), plus the reference's own float64 accumulation error."""
+    (0 where the operands are exact), plus the reference's own float64 accumulation error. The sum has
+    K products, the bias, and up to three scale multiplications per partial sum (activation, weight
+    block or tensor scale, expert scale): gamma_{K+4}."""
     k = w.shape[-1]
     s = a.abs() @ w.abs().T
     if bias is not None:
         s = s + bias.abs()
-    err = (2 * u_op + u_op * u_op + gamma(k + 1) + gamma(k + 1, U_FP64)) * s
+    err = (2 * u_op + u_op * u_op + gamma(k + 4) + gamma(k + 1, U_FP64)) * s
     if d_a is not None:
         err = err + d_a @ w.abs().T
     return err
@@ -246,17 +249,18 @@ def _fp8_half_step(mag: torch.Tensor, scale: torch.Tensor, fmt: FloatFormat) -> 
 def moe_error_bound(trace: MoETrace, ckpt: MoECheckpoint, operand_dtype: torch.dtype = torch.float32) -> ErrorBound:
     """Per-element bound on |kernel output - reference output| (both bf16), from the reference trace.
 
-    operand_dtype: what the kernel feeds its GEMMs. float32 (or a kernel that keeps scales out of the
-    dot, so that the operands it rounds are exact): operands are exact. bfloat16: the kernel may round
-    dequantized weights/activations to bf16, which costs u_bf16 per operand where they are not exactly
-    bf16 (decided from the data: MX values always are; NVFP4 and FP8 values times fp32 scales are not)."""
+    operand_dtype: what the kernel feeds its GEMMs. float32: operands are the reference's fp32 values,
+    or code values with their scales applied to fp32 partial sums (an fp32 rounding's worth of
+    difference, u_fp32). bfloat16: the kernel may round dequantized weights/activations to bf16, which
+    costs u_bf16 per operand. Either way only where the operands are not exactly bf16 (decided from the
+    data: MX values always are; NVFP4 and FP8 values times fp32 scales are not)."""
     if operand_dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"operand_dtype must be float32 or bfloat16, got {operand_dtype}")
     scheme, act, aq = ckpt.scheme, ckpt.activation, ckpt.scheme.act
     rnd = scheme.rounding
-    rounds = operand_dtype == torch.bfloat16
-    u1 = max(_operand_unit(trace.w13), _operand_unit(trace.a1)) if rounds else 0.0
-    u2 = max(_operand_unit(trace.w2), _operand_unit(trace.a2)) if rounds else 0.0
+    unit = U_BF16 if operand_dtype == torch.bfloat16 else U_FP32
+    u1 = max(_operand_unit(trace.w13, unit), _operand_unit(trace.a1, unit))
+    u2 = max(_operand_unit(trace.w2, unit), _operand_unit(trace.a2, unit))
     d_z = torch.zeros_like(trace.z)
     for e in trace.pair_expert.unique().tolist():
         rows = (trace.pair_expert == e).nonzero().flatten()
@@ -274,8 +278,9 @@ def moe_error_bound(trace: MoETrace, ckpt: MoECheckpoint, operand_dtype: torch.d
             g, dg, du = h, d_h, torch.zeros_like(d_h)
         lip = act.gate_lipschitz
         d_phi = (2 * g.abs() + dg) * dg if lip is None else lip * dg
-        # both the kernel's and the reference's fp32 evaluations err by up to EVAL_ULPS
-        d_eval = 2 * EVAL_ULPS * U_FP32 * (phi.abs() + g.abs()) * psi.abs()
+        # both the kernel's and the reference's fp32 evaluations err by up to EVAL_ULPS of the largest
+        # magnitude in the formula: phi, g, and the O(1) (beta for SITU) of sigmoid/tanh/erf
+        d_eval = 2 * EVAL_ULPS * U_FP32 * (phi.abs() + g.abs() + max(1.0, act.beta)) * psi.abs()
         d_y = d_phi * psi.abs() + phi.abs() * du + d_phi * du + d_eval
         d_y = _through_rounding(d_y, trace.y_pre[rows], rnd.act_out)
         y = trace.y[rows]

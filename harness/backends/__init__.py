@@ -13,6 +13,7 @@ __all__ = ["BUILTIN_BACKENDS", "ENTRY_POINT_GROUP", "load_backend", "registered_
            "backend_available", "backend_operand_dtype"]
 
 BUILTIN_BACKENDS: dict[str, str] = {
+    "triton_emulation": "harness.backends.triton_emulation:make_backend",
     "torch_emulation": "harness.backends.torch_emulation:make_backend",
     "aiter": "harness.backends.aiter_model:make_backend",
 }

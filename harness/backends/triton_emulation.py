@@ -1,0 +1,273 @@
+"""triton_emulation: the fused MoE that users run where the hardware has no native FP4/FP6 support.
+
+Weight codes stay in checkpoint layout (FP4 packed two per byte, E8M0/E4M3 block scales) and are
+dequantized inside the GEMM kernels; activations are quantized by bit-exact Triton quantizers; the
+gate/up GEMM and the activation are one kernel; the top-k sum is a deterministic reduction. On CPU the
+kernels run under the Triton interpreter (small shapes, fp32 dots); on a GPU, compiled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from reference.checkpoints import MoECheckpoint, nvfp4_decode_scale
+from reference.formats import FloatFormat
+from reference.fp8 import Granularity
+from reference.moe import check_moe_inputs, static_activation_scales
+from reference.mx import ScaleMode
+
+from . import triton_kernels as K
+
+_ACT_IDS = {"SILU": 0, "GELU": 1, "GELU_TANH": 2, "RELU2": 3, "SWIGLUOAI": 4, "SWIGLUSTEP": 5, "SITU": 6}
+_W_KIND = {None: 0, "mx": 1, "nvfp4": 2, "fp8": 3}
+
+
+def _fmt_args(fmt: FloatFormat) -> dict:
+    return dict(MBITS=fmt.mbits, EMIN=fmt.emin, EMAX=fmt.emax, MAX_CODE=fmt.max_code, SIGN_BIT=fmt.sign_bit,
+                EBITS=fmt.ebits, BIAS=fmt.bias)
+
+
+@dataclass
+class Prepared:
+    ckpt: MoECheckpoint
+    w13: torch.Tensor
+    w13_scale: torch.Tensor | None
+    w2: torch.Tensor
+    w2_scale: torch.Tensor | None
+    w13_expert_scale: torch.Tensor | None  # [E] fp32: NVFP4 global decode / FP8 per-tensor weight scale
+    w2_expert_scale: torch.Tensor | None
+    w13_block_scale: torch.Tensor | None  # [E, N/128, K/128] fp32 (FP8 block weights)
+    w2_block_scale: torch.Tensor | None
+    b13: torch.Tensor | None
+    b2: torch.Tensor | None
+    a1_scale: torch.Tensor | None
+    a2_scale: torch.Tensor | None
+
+
+class TritonEmulationBackend:
+    name = "triton_emulation"
+    operand_dtype = torch.float32  # operands are exact in bf16; scales multiply fp32 partial sums
+
+    def __init__(self, device: str | None = None):
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.block_m = 16
+        self.block_n = 64
+        self.block_k = 64
+
+    # ---- protocol --------------------------------------------------------------------------------
+    def supports(self, problem, platform) -> tuple[bool, str]:
+        if problem.activation.formula not in _ACT_IDS:
+            return False, f"no Triton activation for {problem.activation.name}"
+        return True, "Triton kernels: weights dequantized in the GEMM, every scheme and activation"
+
+    def available(self, platform) -> tuple[bool, str]:
+        # FP8 codes are integer arithmetic here, so any platform's semantics run on any device
+        return True, ""
+
+    def prepare(self, ckpt: MoECheckpoint) -> Prepared:
+        dev = self.device
+        wq = ckpt.scheme.weight
+
+        def expert_scale(w):
+            if wq is None:
+                return None
+            if wq.kind == "nvfp4":
+                return nvfp4_decode_scale(w.global_scale, ckpt.nvfp4_global_convention).float().contiguous().to(dev)
+            if wq.kind == "fp8" and wq.granularity is Granularity.PER_TENSOR:
+                return w.scale.reshape(-1).float().contiguous().to(dev)
+            return None
+
+        def block_scale(w):
+            if wq is not None and wq.kind == "fp8" and wq.granularity is Granularity.PER_BLOCK:
+                if tuple(wq.block_shape) != (128, 128):
+                    raise ValueError(f"triton_emulation takes FP8 weight blocks of 128x128, got {wq.block_shape}")
+                return w.scale.float().contiguous().to(dev)
+            return None
+
+        def block_codes_scale(w):
+            return w.scale.contiguous().to(dev) if wq is not None and wq.kind in ("mx", "nvfp4") else None
+
+        a1_scale, a2_scale = static_activation_scales(ckpt)
+        f32 = lambda t: None if t is None else t.float().contiguous().to(dev)  # noqa: E731
+        return Prepared(
+            ckpt, ckpt.w13.data.contiguous().to(dev), block_codes_scale(ckpt.w13), ckpt.w2.data.contiguous().to(dev),
+            block_codes_scale(ckpt.w2), expert_scale(ckpt.w13), expert_scale(ckpt.w2), block_scale(ckpt.w13),
+            block_scale(ckpt.w2), f32(ckpt.b13), f32(ckpt.b2), f32(a1_scale), f32(a2_scale),
+        )
+
+    def forward(self, prepared: Prepared, hidden_states, topk_weights, topk_ids) -> torch.Tensor:
+        ckpt = prepared.ckpt
+        check_moe_inputs(hidden_states.cpu(), ckpt, topk_weights.cpu(), topk_ids.cpu())
+        dev = self.device
+        x = hidden_states.to(dev).contiguous()
+        t, h = x.shape
+        k = topk_ids.shape[1]
+        if t == 0:
+            return torch.empty(0, h, dtype=torch.bfloat16, device=dev)
+        isz = ckpt.intermediate_size
+        p = t * k
+        sorted_rows, block_expert = self._align(topk_ids.to(dev), ckpt.num_experts)
+        aq, fp8_fmt = ckpt.scheme.act, ckpt.fp8_format
+        a1, a1_mode, a1_scale = self._quantize_activation(x, prepared.a1_scale, aq, fp8_fmt)
+        y = torch.empty(p, isz, dtype=torch.bfloat16, device=dev)
+        self._gemm(prepared, "w13", a1, a1_mode, a1_scale, y, sorted_rows, block_expert, p, a_row_div=k,
+                   n_out=isz, k_dim=h, apply_act=True)
+        a2, a2_mode, a2_scale = self._quantize_activation(y, prepared.a2_scale, aq, fp8_fmt)
+        z = torch.empty(p, h, dtype=torch.bfloat16, device=dev)
+        self._gemm(prepared, "w2", a2, a2_mode, a2_scale, z, sorted_rows, block_expert, p, a_row_div=1,
+                   n_out=h, k_dim=isz, apply_act=False)
+        out = torch.empty(t, h, dtype=torch.bfloat16, device=dev)
+        bh = 128
+        K.topk_reduce_kernel[(t, triton_cdiv(h, bh))](z, topk_weights.to(dev).float().contiguous(), out, h,
+                                                       TOP_K=k, BLOCK_H=bh)
+        return out
+
+    # ---- quantizer entry points (checked bit-exactly by the conformance suite) -------------------
+    def quantize_mx(self, x, elem, scale_mode):
+        if scale_mode not in (ScaleMode.FLOOR, ScaleMode.RCEIL):
+            raise NotImplementedError(f"only FLOOR and RCEIL scales, not {scale_mode}")
+        codes, scales, _ = self._mx(x.to(self.device).float().contiguous(), elem, scale_mode, values=False)
+        return codes, scales
+
+    def quantize_nvfp4(self, x, global_decode_scale):
+        xf = x.to(self.device).float().contiguous()
+        if not bool(torch.isfinite(xf).all()):
+            raise ValueError("x must be finite for NVFP4")
+        codes, scales, _ = self._nvfp4(xf, global_decode_scale, values=False)
+        return codes, scales
+
+    def quantize_fp8(self, x, fmt, granularity, block_shape, scale):
+        if granularity is Granularity.PER_TOKEN:
+            group = x.shape[-1]
+        elif granularity is Granularity.PER_BLOCK and block_shape[0] == 1:
+            group = block_shape[1]
+        else:
+            raise NotImplementedError(f"{granularity} {block_shape}")
+        if group & (group - 1):
+            raise NotImplementedError(f"group size {group} is not a power of two")
+        codes, s, _ = self._fp8(x.to(self.device).float().contiguous(), fmt, scale, group, values=False)
+        return codes, s
+
+    # ---- launches --------------------------------------------------------------------------------
+    def _mx(self, x2, elem, scale_mode, values: bool):
+        r, c = x2.shape
+        if c % 32:
+            raise ValueError(f"x's last dim must be divisible by 32, got {c}")
+        codes = torch.empty(r, c, dtype=torch.uint8, device=x2.device)
+        scales = torch.empty(r, c // 32, dtype=torch.uint8, device=x2.device)
+        vals = torch.empty(r, c, dtype=torch.bfloat16, device=x2.device) if values else codes
+        bm = 16
+        K.mx_quantize_kernel[(triton_cdiv(r, bm), c // 32)](
+            x2, codes, scales, vals, r, c, 1.0 / elem.max_normal, RCEIL=scale_mode is ScaleMode.RCEIL,
+            WRITE_VALUES=values, BLOCK_M=bm, **_fmt_args(elem))
+        return codes, scales, vals
+
+    def _nvfp4(self, x2, s_dec, values: bool):
+        r, c = x2.shape
+        if c % 16:
+            raise ValueError(f"x's last dim must be divisible by 16, got {c}")
+        codes = torch.empty(r, c, dtype=torch.uint8, device=x2.device)
+        scales = torch.empty(r, c // 16, dtype=torch.uint8, device=x2.device)
+        vals = torch.empty(r, c, dtype=torch.bfloat16, device=x2.device) if values else codes
+        s = torch.as_tensor(s_dec, dtype=torch.float32).reshape(1).to(x2.device)
+        bm = 16
+        K.nvfp4_quantize_kernel[(triton_cdiv(r, bm), c // 16)](x2, codes, scales, vals, s, r, c,
+                                                               WRITE_VALUES=values, BLOCK_M=bm)
+        return codes, scales, vals
+
+    def _fp8(self, x2, fmt, scale, group: int, values: bool):
+        r, c = x2.shape
+        codes = torch.empty(r, c, dtype=torch.uint8, device=x2.device)
+        vals = torch.empty(r, c, dtype=torch.bfloat16, device=x2.device) if values else codes
+        dynamic = scale is None
+        if dynamic:
+            s = torch.empty(r, c // group, dtype=torch.float32, device=x2.device)
+        else:
+            s = torch.as_tensor(scale, dtype=torch.float32).reshape(1).to(x2.device)
+            group = min(128, c)
+        fmax = fmt.max_normal
+        min_scale = torch.tensor(1.0 / (fmax * 512.0), dtype=torch.float32).item()
+        bm = 16
+        K.fp8_quantize_kernel[(triton_cdiv(r, bm), triton_cdiv(c, group))](
+            x2, codes, s, vals, r, c, fmax, min_scale, FNUZ=fmt.specials.name == "FNUZ", DYNAMIC=dynamic,
+            GROUP=group, WRITE_VALUES=values, BLOCK_M=bm, **_fmt_args(fmt))
+        return codes, (s if dynamic else s.reshape(()).expand(r, 1)), vals
+
+    def _quantize_activation(self, x2, static_scale, ckpt_aq, fmt: FloatFormat):
+        """GEMM operand values (exact in bf16), the A_SCALE mode and its scale tensor."""
+        if ckpt_aq is None:
+            return x2, 0, x2  # the scale pointer is unused in mode 0
+        if ckpt_aq.kind == "mx":
+            _, _, v = self._mx(x2.float().contiguous(), ckpt_aq.elem, ScaleMode.FLOOR, values=True)
+            return v, 0, v
+        if ckpt_aq.kind == "nvfp4":
+            _, _, v = self._nvfp4(x2.float().contiguous(), static_scale, values=True)
+            return v, 1, static_scale.reshape(1)
+        if ckpt_aq.static:
+            _, _, v = self._fp8(x2.float().contiguous(), fmt, static_scale, x2.shape[1], values=True)
+            return v, 1, static_scale.reshape(1)
+        group = ckpt_aq.block_shape[1]
+        if ckpt_aq.block_shape[0] != 1 or group != 128:
+            raise NotImplementedError(f"dynamic FP8 activation groups other than 1x128: {ckpt_aq.block_shape}")
+        _, s, v = self._fp8(x2.float().contiguous(), fmt, None, group, values=True)
+        return v, 2, s
+
+    def _align(self, topk_ids, num_experts):
+        """Pairs (token, k) sorted by expert, each expert's run padded to BLOCK_M with the sentinel P."""
+        bm = self.block_m
+        flat = topk_ids.reshape(-1).long()
+        p = flat.numel()
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=num_experts)
+        padded = (counts + bm - 1) // bm * bm
+        starts = torch.cumsum(padded, 0) - padded
+        first = torch.cumsum(counts, 0) - counts
+        expert_sorted = flat[order]
+        rank = torch.arange(p, device=flat.device) - first[expert_sorted]
+        total = int(padded.sum())
+        sorted_rows = torch.full((total,), p, dtype=torch.int32, device=flat.device)
+        sorted_rows[starts[expert_sorted] + rank] = order.to(torch.int32)
+        block_expert = torch.repeat_interleave(torch.arange(num_experts, device=flat.device, dtype=torch.int32),
+                                               padded // bm)
+        return sorted_rows, block_expert
+
+    def _gemm(self, prep: Prepared, which: str, a, a_mode, a_scale, out, sorted_rows, block_expert, n_pairs,
+              a_row_div, n_out, k_dim, apply_act):
+        ckpt = prep.ckpt
+        wq = ckpt.scheme.weight
+        act = ckpt.activation
+        w = getattr(prep, which)
+        ws = getattr(prep, f"{which}_scale")
+        expert_scale = getattr(prep, f"{which}_expert_scale")
+        block_scale = getattr(prep, f"{which}_block_scale")
+        bias = prep.b13 if which == "w13" else prep.b2
+        n_rows = (2 * n_out if act.gated else n_out) if which == "w13" else n_out
+        elem = None if wq is None else (ckpt.fp8_format if wq.kind == "fp8" else wq.elem)
+        dummy = out
+        grid = (block_expert.numel(), triton_cdiv(n_out, self.block_n))
+        K.moe_gemm_kernel[grid](
+            a, a_scale if a_mode else dummy, w, ws if ws is not None else dummy,
+            block_scale if block_scale is not None else dummy, expert_scale if expert_scale is not None else dummy,
+            bias if bias is not None else dummy, out, sorted_rows, block_expert, n_pairs, a_row_div, n_out, n_rows,
+            k_dim, float(act.alpha), float(act.beta), float(act.beta_lin), float(act.limit or 0.0),
+            A_SCALE=a_mode, W_KIND=_W_KIND[None if wq is None else wq.kind],
+            PACKED=bool(elem is not None and elem.nbits == 4), EBITS=elem.ebits if elem else 0,
+            MBITS=elem.mbits if elem else 0, BIAS=elem.bias if elem else 0, W_BLOCK_SCALE=block_scale is not None,
+            HAS_EXPERT_SCALE=expert_scale is not None, HAS_BIAS=bias is not None,
+            GATED=bool(apply_act and act.gated), INTERLEAVED=act.interleaved, ACT=_ACT_IDS[act.formula],
+            APPLY_ACT=apply_act, HAS_LIMIT=act.limit is not None, BLOCK_M=self.block_m, BLOCK_N=self.block_n,
+            BLOCK_K=self.block_k, INTERPRET_DOT=K.INTERPRET,
+        )
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def make_backend() -> TritonEmulationBackend:
+    return TritonEmulationBackend()
+
+
+__all__ = ["TritonEmulationBackend", "make_backend"]

@@ -1,0 +1,403 @@
+"""Triton kernels of the triton_emulation backend: bit-exact quantizers and a fused MoE whose GEMMs
+dequantize weight codes inside the kernel.
+
+One switch, INTERPRET, covers the CPU: TRITON_INTERPRET=1 must be set before any kernel is defined
+(it is set here when no GPU is visible). Under the interpreter a bf16 tl.dot multiplies bit patterns,
+so the dot runs on fp32 operands there (the operands are exactly representable in bf16 either way, so
+the products are the same); compiled, it runs on bf16 tensor cores. fp32 -> bf16 conversion truncates
+under the interpreter, so every bf16 rounding point uses round_bf16 (integer RNE) on both.
+
+Numerics, all as the reference (reference/formats.py, mx.py, nvfp4.py, fp8.py):
+- encode rounds with the fp32 adder: (y + C) - C with C = 2^(E - m + 23) rounds y to its binade's
+  quantum half-to-even; codes come from integer arithmetic; no float8 casts, no log2.
+- GEMM operands are code values times power-of-two block scales (exact in bf16); other scales (NVFP4
+  and FP8 tensor scales, FP8 block scales) multiply the fp32 partial sums, never the operands.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _device(fn):
+    """Device helpers: @triton.jit when compiled; plain Python under the interpreter, where each call
+    of a jitted helper re-patches the language module (that alone was two thirds of the CPU time)."""
+    return fn if INTERPRET else triton.jit(fn)
+
+
+# ---- exact fp32 helpers ------------------------------------------------------------------------
+
+
+@_device
+def _exp2i(e):
+    """2^e (fp32) for int32 e in [-126, 127], from the exponent bits."""
+    return ((e + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@_device
+def _ldexp(x, k):
+    """x * 2^k in two exact steps (|k| <= 252)."""
+    k1 = k >> 1
+    return x * _exp2i(k1) * _exp2i(k - k1)
+
+
+@_device
+def _floor_log2(x):
+    """floor(log2 x) for x >= 0 from the exponent bits (fp32 subnormals included); 0 -> -150."""
+    e = (x.to(tl.int32, bitcast=True) >> 23) & 0xFF
+    xs = x * 18446744073709551616.0  # 2^64: lifts subnormals into the normal range, exactly
+    es = ((xs.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 64
+    e = tl.where(e == 0, es, e)
+    return tl.where(x == 0, -150, e - 127)
+
+
+@_device
+def round_bf16(x):
+    """fp32 -> nearest bf16 value (ties to even), as fp32; integer ops, so the interpreter agrees."""
+    b = x.to(tl.uint32, bitcast=True)
+    b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
+    return b.to(tl.float32, bitcast=True)
+
+
+@_device
+def _encode_mag(y, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr):
+    """Magnitude code of y >= 0 (fp32, finite or +Inf) in a format (mbits, emin, emax), RNE, saturated."""
+    e_bits = y.to(tl.int32, bitcast=True) & 0x7F800000
+    e_bits = tl.minimum(tl.maximum(e_bits, (EMIN + 127) << 23), (EMAX + 1 + 127) << 23)
+    c = (e_bits + ((23 - MBITS) << 23)).to(tl.float32, bitcast=True)
+    rounded = (y + c) - c
+    clipped = tl.minimum(rounded, _exp2i(tl.full(y.shape, EMAX + 2, tl.int32)))
+    inv_quantum = (((MBITS + 254) - (e_bits >> 23)) << 23).to(tl.float32, bitcast=True)
+    n = (clipped * inv_quantum).to(tl.int32)
+    code = ((e_bits >> 23) - (127 + EMIN)) * (1 << MBITS) + n
+    return tl.minimum(code, MAX_CODE)
+
+
+@_device
+def _encode(x, p, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr,
+            SIGN_BIT: tl.constexpr, FNUZ: tl.constexpr):
+    """Signed code of x * p (p a power of two or 1), saturating; x finite."""
+    bits = x.to(tl.int32, bitcast=True)
+    y = (bits & 0x7FFFFFFF).to(tl.float32, bitcast=True) * p
+    mag = _encode_mag(y, MBITS, EMIN, EMAX, MAX_CODE)
+    neg = bits < 0
+    if FNUZ:
+        neg = neg & (mag != 0)
+    return tl.where(neg, mag | SIGN_BIT, mag)
+
+
+@_device
+def _decode(code, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr):
+    """Value of a (finite) signed minifloat code with subnormals, as fp32."""
+    code = code.to(tl.int32)
+    mag = code & ((1 << (EBITS + MBITS)) - 1)
+    e = mag >> MBITS
+    m = mag & ((1 << MBITS) - 1)
+    unit = tl.where(e == 0, m, m + (1 << MBITS)).to(tl.float32)
+    v = _ldexp(unit, tl.maximum(e, 1) - BIAS - MBITS)
+    return tl.where((code >> (EBITS + MBITS)) != 0, -v, v)
+
+
+# ---- quantizer kernels -------------------------------------------------------------------------
+
+
+@triton.jit
+def mx_quantize_kernel(x_ptr, codes_ptr, scales_ptr, values_ptr, n_rows, n_cols, inv_max,
+                       MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr,
+                       SIGN_BIT: tl.constexpr, EBITS: tl.constexpr, BIAS: tl.constexpr, RCEIL: tl.constexpr,
+                       WRITE_VALUES: tl.constexpr, BLOCK_M: tl.constexpr):
+    """One program: BLOCK_M rows x one block of 32 columns. Writes codes and E8M0 scales, and with
+    WRITE_VALUES the dequantized values (bf16, exact) for the GEMMs."""
+    pid_m = tl.program_id(0)
+    pid_b = tl.program_id(1)
+    rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    cols = pid_b * 32 + tl.arange(0, 32)
+    mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+    offs = rows[:, None] * n_cols + cols[None, :]
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    # a block holding NaN or Inf: checked per element (a max may drop NaNs)
+    nonfinite = tl.max(((x != x) | (tl.abs(x) == float("inf"))).to(tl.int32), axis=1) > 0
+    amax = tl.max(tl.where(nonfinite[:, None], 0.0, tl.abs(x)), axis=1)
+    if RCEIL:
+        d = amax * inv_max
+        fl = _floor_log2(d)
+        shared = fl + ((d != _ldexp(tl.full(d.shape, 1.0, tl.float32), tl.maximum(fl, -149))) & (d > 0)).to(tl.int32)
+    else:
+        shared = _floor_log2(amax) - EMAX
+    shared = tl.minimum(tl.maximum(shared, -127), 127)
+    xz = tl.where(nonfinite[:, None], 0.0, x)
+    p = _ldexp(tl.full(shared.shape, 1.0, tl.float32), -shared)
+    codes = _encode(xz, p[:, None], MBITS, EMIN, EMAX, MAX_CODE, SIGN_BIT, False)
+    tl.store(codes_ptr + offs, codes.to(tl.uint8), mask=mask)
+    scale = tl.where(nonfinite, 255, shared + 127)
+    tl.store(scales_ptr + rows * (n_cols // 32) + pid_b, scale.to(tl.uint8), mask=rows < n_rows)
+    if WRITE_VALUES:
+        v = _ldexp(_decode(codes, EBITS, MBITS, BIAS), shared[:, None])
+        tl.store(values_ptr + offs, v.to(tl.bfloat16), mask=mask)
+
+
+@triton.jit
+def nvfp4_quantize_kernel(x_ptr, codes_ptr, scales_ptr, values_ptr, s_dec_ptr, n_rows, n_cols,
+                          WRITE_VALUES: tl.constexpr, BLOCK_M: tl.constexpr):
+    """NVFP4, one program per BLOCK_M rows x 16 columns: E4M3 block scale from the block amax and the
+    fp32 tensor scale (s_enc = fl(1 / s_dec)), E2M1 elements of fl(x / fl(stored * s_dec)).
+    WRITE_VALUES stores e2m1 * stored (exact in bf16; s_dec is applied by the GEMM)."""
+    pid_m = tl.program_id(0)
+    pid_b = tl.program_id(1)
+    rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    cols = pid_b * 16 + tl.arange(0, 16)
+    mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+    offs = rows[:, None] * n_cols + cols[None, :]
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    s_dec = tl.load(s_dec_ptr)
+    s_enc = tl.math.div_rn(1.0, s_dec)
+    amax = tl.max(tl.abs(x), axis=1)
+    block = tl.math.div_rn(amax, 6.0) * s_enc
+    stored = _encode(block, 1.0, 3, -6, 8, 126, 128, False)  # E4M3FN: mbits 3, emin -6, emax 8, max 0x7E
+    stored_v = _decode(stored, 4, 3, 7)
+    denom = stored_v * s_dec
+    safe = tl.where(denom == 0, 1.0, denom)
+    xs = tl.where(denom[:, None] == 0, x * 0.0, tl.math.div_rn(x, safe[:, None]))
+    codes = _encode(xs, 1.0, 1, 0, 2, 7, 8, False)  # E2M1: mbits 1, emin 0, emax 2, max 0x7
+    tl.store(codes_ptr + offs, codes.to(tl.uint8), mask=mask)
+    tl.store(scales_ptr + rows * (n_cols // 16) + pid_b, stored.to(tl.uint8), mask=rows < n_rows)
+    if WRITE_VALUES:
+        v = _decode(codes, 2, 1, 1) * stored_v[:, None]
+        tl.store(values_ptr + offs, v.to(tl.bfloat16), mask=mask)
+
+
+@triton.jit
+def fp8_quantize_kernel(x_ptr, codes_ptr, scale_ptr, values_ptr, n_rows, n_cols, fmax, min_scale,
+                        MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr,
+                        SIGN_BIT: tl.constexpr, FNUZ: tl.constexpr, EBITS: tl.constexpr, BIAS: tl.constexpr,
+                        DYNAMIC: tl.constexpr, GROUP: tl.constexpr, WRITE_VALUES: tl.constexpr,
+                        BLOCK_M: tl.constexpr):
+    """FP8 of fl(x / scale) clamped to +-fmax. DYNAMIC: one scale per row and GROUP columns,
+    max(fl(amax / fmax), min_scale), written to scale_ptr [rows, n_cols / GROUP]; else one static scale
+    at scale_ptr. WRITE_VALUES stores the code values (exact in bf16; the scale is the GEMM's)."""
+    pid_m = tl.program_id(0)
+    pid_b = tl.program_id(1)
+    rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    cols = pid_b * GROUP + tl.arange(0, GROUP)
+    mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+    offs = rows[:, None] * n_cols + cols[None, :]
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    if DYNAMIC:
+        amax = tl.max(tl.abs(x), axis=1)
+        s = tl.maximum(tl.math.div_rn(amax, fmax), min_scale)
+        tl.store(scale_ptr + rows * (n_cols // GROUP) + pid_b, s, mask=rows < n_rows)
+        xs = tl.math.div_rn(x, s[:, None])
+    else:
+        s = tl.load(scale_ptr)
+        xs = tl.math.div_rn(x, s)
+    xs = tl.minimum(tl.maximum(xs, -fmax), fmax)
+    codes = _encode(xs, 1.0, MBITS, EMIN, EMAX, MAX_CODE, SIGN_BIT, FNUZ)
+    tl.store(codes_ptr + offs, codes.to(tl.uint8), mask=mask)
+    if WRITE_VALUES:
+        tl.store(values_ptr + offs, _decode(codes, EBITS, MBITS, BIAS).to(tl.bfloat16), mask=mask)
+
+
+# ---- fused MoE ---------------------------------------------------------------------------------
+
+# weight kinds
+W_BF16: tl.constexpr = 0
+W_MX: tl.constexpr = 1
+W_NVFP4: tl.constexpr = 2
+W_FP8: tl.constexpr = 3
+
+
+@_device
+def _weight_tile(w_ptr, ws_ptr, expert, wrow, k_offs, n_mask, k_mask, N_ROWS, K,
+                 W_KIND: tl.constexpr, PACKED: tl.constexpr, EBITS: tl.constexpr, MBITS: tl.constexpr,
+                 BIAS: tl.constexpr, SCALE_BLOCK: tl.constexpr):
+    """[BLOCK_N, BLOCK_K] weight values for rows `wrow` of `expert`, dequantized in registers: code
+    value times its power-of-two (MX) or E4M3 (NVFP4) block scale, exact in bf16. FP8 block and tensor
+    scales are not applied here."""
+    e64 = expert.to(tl.int64)
+    m2 = n_mask[:, None] & k_mask[None, :]
+    if W_KIND == 0:
+        offs = e64 * N_ROWS * K + wrow[:, None].to(tl.int64) * K + k_offs[None, :]
+        return tl.load(w_ptr + offs, mask=m2, other=0.0).to(tl.float32)
+    if PACKED:
+        offs = e64 * N_ROWS * (K // 2) + wrow[:, None].to(tl.int64) * (K // 2) + (k_offs[None, :] // 2)
+        byte = tl.load(w_ptr + offs, mask=m2, other=0).to(tl.int32)
+        code = (byte >> ((k_offs[None, :] % 2) * 4)) & 0xF
+    else:
+        offs = e64 * N_ROWS * K + wrow[:, None].to(tl.int64) * K + k_offs[None, :]
+        code = tl.load(w_ptr + offs, mask=m2, other=0).to(tl.int32)
+    v = _decode(code, EBITS, MBITS, BIAS)
+    if W_KIND == 1:
+        s_offs = e64 * N_ROWS * (K // 32) + wrow[:, None].to(tl.int64) * (K // 32) + (k_offs[None, :] // 32)
+        s = tl.load(ws_ptr + s_offs, mask=m2, other=127).to(tl.int32)
+        v = _ldexp(v, s - 127)
+        v = tl.where(s == 255, float("nan"), v)
+    if W_KIND == 2:
+        s_offs = e64 * N_ROWS * (K // 16) + wrow[:, None].to(tl.int64) * (K // 16) + (k_offs[None, :] // 16)
+        s = tl.load(ws_ptr + s_offs, mask=m2, other=0)
+        v = v * _decode(s, 4, 3, 7)
+    return v
+
+
+@_device
+def _dot(a, w, INTERPRET_DOT: tl.constexpr):
+    if INTERPRET_DOT:
+        return tl.dot(a, tl.trans(w), input_precision="ieee")
+    return tl.dot(a.to(tl.bfloat16), tl.trans(w).to(tl.bfloat16))
+
+
+@_device
+def _tanh(x):
+    # odd polynomial near 0 (no cancellation), (1 - e^-2|x|) / (1 + e^-2|x|) elsewhere
+    ax = tl.abs(x)
+    t = tl.exp(-2.0 * ax)
+    big = (1.0 - t) / (1.0 + t)
+    x2 = x * x
+    small = ax * (1.0 + x2 * (-1.0 / 3.0 + x2 * (2.0 / 15.0 + x2 * (-17.0 / 315.0))))
+    r = tl.where(ax < 0.125, small, big)
+    return tl.where(x < 0, -r, r)
+
+
+@_device
+def _gate(g, ACT: tl.constexpr, alpha, beta):
+    # ACT: 0 SILU, 1 GELU, 2 GELU_TANH, 3 RELU2, 4 SWIGLUOAI, 5 SWIGLUSTEP, 6 SITU
+    if ACT == 0 or ACT == 5:
+        return g * tl.sigmoid(g)
+    if ACT == 1:
+        return 0.5 * g * (1.0 + tl.math.erf(g * 0.7071067811865476))
+    if ACT == 2:
+        return 0.5 * g * (1.0 + _tanh(0.7978845608028654 * (g + 0.044715 * g * g * g)))
+    if ACT == 3:
+        r = tl.maximum(g, 0.0)
+        return r * r
+    if ACT == 4:
+        return g * tl.sigmoid(alpha * g)
+    return beta * _tanh(g / beta) * tl.sigmoid(g)
+
+
+@_device
+def _activation(g, u, ACT: tl.constexpr, GATED: tl.constexpr, HAS_LIMIT: tl.constexpr, limit, alpha, beta,
+                beta_lin):
+    if not GATED:
+        return _gate(g, ACT, alpha, beta)
+    if HAS_LIMIT and ACT != 5:
+        g = tl.minimum(g, limit)
+        u = tl.minimum(tl.maximum(u, -limit), limit)
+    if ACT == 4:
+        return (u + 1.0) * _gate(g, ACT, alpha, beta)
+    if ACT == 5:
+        return tl.minimum(_gate(g, ACT, alpha, beta), limit) * tl.minimum(tl.maximum(u, -limit), limit)
+    if ACT == 6:
+        if beta_lin > 0:
+            u = beta_lin * _tanh(u / beta_lin)
+    return _gate(g, ACT, alpha, beta) * u
+
+
+@triton.jit
+def moe_gemm_kernel(
+    a_ptr, a_scale_ptr, w_ptr, ws_ptr, w_block_scale_ptr, expert_scale_ptr, bias_ptr, out_ptr,
+    sorted_rows_ptr, block_expert_ptr, n_pairs, a_row_div, N_OUT, N_ROWS, K, alpha, beta, beta_lin, limit,
+    A_SCALE: tl.constexpr, W_KIND: tl.constexpr, PACKED: tl.constexpr, EBITS: tl.constexpr, MBITS: tl.constexpr,
+    BIAS: tl.constexpr, W_BLOCK_SCALE: tl.constexpr, HAS_EXPERT_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
+    GATED: tl.constexpr, INTERLEAVED: tl.constexpr, ACT: tl.constexpr, APPLY_ACT: tl.constexpr,
+    HAS_LIMIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    INTERPRET_DOT: tl.constexpr,
+):
+    """out[pair, n] for BLOCK_M pairs of one expert (rows of a: pair // a_row_div) x BLOCK_N outputs.
+
+    A_SCALE: 0 none, 1 one fp32 scale, 2 one scale per a-row and 128 columns (FP8 1x128 dynamic).
+    W_BLOCK_SCALE: FP8 128x128 weight scales [E, N_ROWS/128, K/128]. HAS_EXPERT_SCALE: one fp32 per
+    expert (NVFP4 global decode scale, FP8 per-tensor weight scale). APPLY_ACT with GATED computes the
+    gate and the up rows (halves, or interleaved) and stores act(bf16(gate), bf16(up)) rounded to bf16;
+    otherwise stores bf16(acc). Rows of padding (pair id == n_pairs) are neither read nor written."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    expert = tl.load(block_expert_ptr + pid_m)
+    pair = tl.load(sorted_rows_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    m_mask = pair < n_pairs
+    a_row = (pair // a_row_div).to(tl.int64)
+    n_offs = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = n_offs < N_OUT
+    if GATED:
+        if INTERLEAVED:
+            g_row = 2 * n_offs
+            u_row = 2 * n_offs + 1
+        else:
+            g_row = n_offs
+            u_row = n_offs + N_OUT
+    else:
+        g_row = n_offs
+        u_row = n_offs
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k_offs = k0 + tl.arange(0, BLOCK_K)
+        k_mask = k_offs < K
+        a = tl.load(a_ptr + a_row[:, None] * K + k_offs[None, :], mask=m_mask[:, None] & k_mask[None, :],
+                    other=0.0).to(tl.float32)
+        wg = _weight_tile(w_ptr, ws_ptr, expert, g_row, k_offs, n_mask, k_mask, N_ROWS, K, W_KIND, PACKED, EBITS,
+                          MBITS, BIAS, 32)
+        pg = _dot(a, wg, INTERPRET_DOT)
+        if GATED:
+            wu = _weight_tile(w_ptr, ws_ptr, expert, u_row, k_offs, n_mask, k_mask, N_ROWS, K, W_KIND, PACKED,
+                              EBITS, MBITS, BIAS, 32)
+            pu = _dot(a, wu, INTERPRET_DOT)
+        else:
+            pu = pg
+        if A_SCALE == 2:
+            sa = tl.load(a_scale_ptr + a_row * (K // 128) + k0 // 128, mask=m_mask, other=0.0)
+            pg = pg * sa[:, None]
+            pu = pu * sa[:, None]
+        if W_BLOCK_SCALE:
+            base = expert.to(tl.int64) * (N_ROWS // 128) * (K // 128) + k0 // 128
+            swg = tl.load(w_block_scale_ptr + base + (g_row // 128) * (K // 128), mask=n_mask, other=0.0)
+            swu = tl.load(w_block_scale_ptr + base + (u_row // 128) * (K // 128), mask=n_mask, other=0.0)
+            pg = pg * swg[None, :]
+            pu = pu * swu[None, :]
+        acc_g += pg
+        acc_u += pu
+    if A_SCALE == 1:
+        sa1 = tl.load(a_scale_ptr)
+        acc_g = acc_g * sa1
+        acc_u = acc_u * sa1
+    if HAS_EXPERT_SCALE:
+        se = tl.load(expert_scale_ptr + expert)
+        acc_g = acc_g * se
+        acc_u = acc_u * se
+    if HAS_BIAS:
+        bg = tl.load(bias_ptr + expert.to(tl.int64) * N_ROWS + g_row, mask=n_mask, other=0.0)
+        acc_g = acc_g + bg[None, :]
+        if GATED:
+            bu = tl.load(bias_ptr + expert.to(tl.int64) * N_ROWS + u_row, mask=n_mask, other=0.0)
+            acc_u = acc_u + bu[None, :]
+    h_g = round_bf16(acc_g)  # the gemm1_out / gemm2_out rounding point
+    if APPLY_ACT:
+        h_u = round_bf16(acc_u)
+        y = round_bf16(_activation(h_g, h_u, ACT, GATED, HAS_LIMIT, limit, alpha, beta, beta_lin))  # act_out
+    else:
+        y = h_g
+    out_offs = pair.to(tl.int64)[:, None] * N_OUT + n_offs[None, :]
+    tl.store(out_ptr + out_offs, y.to(tl.bfloat16), mask=m_mask[:, None] & n_mask[None, :])
+
+
+@triton.jit
+def topk_reduce_kernel(z_ptr, w_ptr, out_ptr, H, TOP_K: tl.constexpr, BLOCK_H: tl.constexpr):
+    """out[t] = bf16(sum_j w[t, j] * z[t * TOP_K + j]) in fp32, j in order: deterministic, no atomics."""
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    mask = h < H
+    acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
+    for j in range(TOP_K):
+        wj = tl.load(w_ptr + t * TOP_K + j)
+        zj = tl.load(z_ptr + (t * TOP_K + j) * H + h, mask=mask, other=0.0).to(tl.float32)
+        acc += wj * zj
+    tl.store(out_ptr + t * H + h, round_bf16(acc).to(tl.bfloat16), mask=mask)

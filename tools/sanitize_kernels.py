@@ -1,0 +1,47 @@
+"""Run every Triton kernel of triton_emulation once per weight kind and activation family, small
+shapes, for compute-sanitizer (GPU only):
+
+    compute-sanitizer --tool memcheck  python3 tools/sanitize_kernels.py
+    compute-sanitizer --tool racecheck python3 tools/sanitize_kernels.py
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from harness.backends.triton_emulation import TritonEmulationBackend  # noqa: E402
+from harness.conformance import Shape, case_inputs  # noqa: E402
+from reference.checkpoints import make_checkpoint  # noqa: E402
+from reference.formats import E2M1, E4M3FN  # noqa: E402
+from reference.fp8 import Granularity  # noqa: E402
+from reference.mx import ScaleMode  # noqa: E402
+
+SHAPE = Shape(num_experts=4, hidden_size=256, intermediate_size=128, tokens=7, top_k=2)  # odd token count: padding
+CASES = [("bf16", "SILU"), ("w_mxfp4", "SWIGLUOAI"), ("w_mxfp4_a_mxfp4", "SITU"), ("w_mxfp6_e2m3", "GELU_NO_MUL"),
+         ("w_nvfp4_a_nvfp4", "GELU_TANH"), ("w_fp8_a_fp8", "RELU2"), ("w_fp8_a_fp8_block", "SWIGLUSTEP"),
+         ("w_mxfp6_e3m2_a_fp8", "SILU")]
+
+
+def main() -> int:
+    b = TritonEmulationBackend()
+    for scheme, act in CASES:
+        ckpt = make_checkpoint(scheme, act, SHAPE.num_experts, SHAPE.hidden_size, SHAPE.intermediate_size, seed=1,
+                               with_bias=act == "SWIGLUOAI")
+        x, w, ids = case_inputs(SHAPE, 1)
+        out = b.forward(b.prepare(ckpt), x.cuda(), w.cuda(), ids.cuda())
+        torch.cuda.synchronize()
+        print(scheme, act, tuple(out.shape), bool(torch.isfinite(out).all()))
+    x = torch.randn(33, 128, device="cuda")
+    b.quantize_mx(x, E2M1, ScaleMode.RCEIL)
+    b.quantize_nvfp4(x, torch.tensor(0.01))
+    b.quantize_fp8(x, E4M3FN, Granularity.PER_BLOCK, (1, 128), None)
+    torch.cuda.synchronize()
+    print("quantizers ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
