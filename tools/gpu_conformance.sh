@@ -9,12 +9,12 @@ export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' | tee -a "$OUT/gpu.txt"
 python3 -m harness platforms | tail -1 | tee -a "$OUT/gpu.txt"
-timeout 420 python3 -m pytest suites -p no:cacheprovider --hypothesis-profile=ci -q -n 8 \
+timeout 330 python3 -m pytest suites -p no:cacheprovider --hypothesis-profile=ci -q -n 8 \
     --ignore=suites/test_detection_power.py --junitxml="$OUT/junit.xml" > "$OUT/pytest.log" 2>&1
 echo "pytest exit $?" | tee -a "$OUT/gpu.txt"
 tail -5 "$OUT/pytest.log"
 for tool in memcheck racecheck; do
-    timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 python3 tools/sanitize_kernels.py \
+    timeout 100 compute-sanitizer --tool $tool --error-exitcode 9 python3 tools/sanitize_kernels.py \
         > "$OUT/sanitizer-$tool.log" 2>&1
     echo "compute-sanitizer $tool exit $?" | tee -a "$OUT/gpu.txt"
     tail -3 "$OUT/sanitizer-$tool.log"
