@@ -34,7 +34,7 @@ class Shape:
 # multiples of 128 so that every scheme (FP8 128x128 blocks included) accepts them.
 SHAPES = {
     "cpu": Shape(num_experts=4, hidden_size=128, intermediate_size=128, tokens=8, top_k=2),
-    "gpu": Shape(num_experts=16, hidden_size=1024, intermediate_size=512, tokens=96, top_k=4),
+    "gpu": Shape(num_experts=8, hidden_size=512, intermediate_size=256, tokens=64, top_k=4),
 }
 
 

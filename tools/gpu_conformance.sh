@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU run of issue 5, in one device call (see BENCHMARKS.md / results/):
-#   the whole suite compiled on this GPU, then compute-sanitizer memcheck and racecheck on the kernels.
+#   the conformance and harness suites compiled on this GPU (the reference suites are device-independent
+#   and run in CI), then compute-sanitizer memcheck and racecheck on the kernels.
 # Usage on the device machine, from the repo root:  OUT=/some/dir bash tools/gpu_conformance.sh
 set -u
 OUT=${OUT:-results/gpu}
@@ -9,12 +10,12 @@ export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' | tee -a "$OUT/gpu.txt"
 python3 -m harness platforms | tail -1 | tee -a "$OUT/gpu.txt"
-timeout 330 python3 -m pytest suites -p no:cacheprovider --hypothesis-profile=ci -q -n 8 \
-    --ignore=suites/test_detection_power.py --junitxml="$OUT/junit.xml" > "$OUT/pytest.log" 2>&1
+timeout 400 python3 -m pytest suites/test_conformance.py suites/test_harness_spine.py -p no:cacheprovider --hypothesis-profile=ci -q -n 14 -rfE \
+    --junitxml="$OUT/junit.xml" > "$OUT/pytest.log" 2>&1
 echo "pytest exit $?" | tee -a "$OUT/gpu.txt"
 tail -5 "$OUT/pytest.log"
 for tool in memcheck racecheck; do
-    timeout 100 compute-sanitizer --tool $tool --error-exitcode 9 python3 tools/sanitize_kernels.py \
+    timeout 80 compute-sanitizer --tool $tool --error-exitcode 9 python3 tools/sanitize_kernels.py \
         > "$OUT/sanitizer-$tool.log" 2>&1
     echo "compute-sanitizer $tool exit $?" | tee -a "$OUT/gpu.txt"
     tail -3 "$OUT/sanitizer-$tool.log"
