@@ -33,6 +33,12 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 PLATFORM_MARKERS = ("cpu", "sm90", "sm100", "gfx942", "gfx950")
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # One thread per xdist worker: workers x torch threads on few cores thrash (seen: 2x slower).
+    import torch
+
+    torch.set_num_threads(1)
+
 
 def pytest_addoption(parser):
     group = parser.getgroup("moe-conformance")

@@ -123,6 +123,7 @@ class Scheme:
 _MXFP4 = WeightQuant("mx", E2M1)
 _MXFP6_E3M2 = WeightQuant("mx", E3M2)
 _MXFP6_E2M3 = WeightQuant("mx", E2M3)
+_MXFP8 = WeightQuant("mx", E4M3FN)
 _NVFP4 = WeightQuant("nvfp4", E2M1)
 _FP8_TENSOR = WeightQuant("fp8", E4M3FN, Granularity.PER_TENSOR)
 _FP8_BLOCK = WeightQuant("fp8", E4M3FN, Granularity.PER_BLOCK, (128, 128))
@@ -142,6 +143,7 @@ SCHEMES: dict[str, Scheme] = {
         Scheme("w_mxfp4_a_mxfp4", _MXFP4, _A_MXFP4, description="MXFP4 weights and activations (W4A4)"),
         Scheme("w_mxfp4_a_fp8", _MXFP4, _A_FP8_STATIC,
                description="MXFP4 weights, FP8 per-tensor activations with a static input scale (max over experts)"),
+        Scheme("w_mxfp8", _MXFP8, None, description="MXFP8 (E4M3) weights, bf16 activations"),
         Scheme("w_mxfp6_e3m2", _MXFP6_E3M2, None, description="MXFP6 E3M2 weights, bf16 activations"),
         Scheme("w_mxfp6_e2m3", _MXFP6_E2M3, None, description="MXFP6 E2M3 weights, bf16 activations"),
         Scheme("w_mxfp4_a_mxfp6_e3m2", _MXFP4, _A_MXFP6_E3M2, description="MXFP4 weights, MXFP6 E3M2 activations"),

@@ -148,4 +148,4 @@ def test_cli_platforms_and_oracle():
     assert "gfx942  fp8=e4m3fnuz" in out and "this machine:" in out
     out = subprocess.run([sys.executable, "-m", "harness", "oracle", "--platform", "gfx942"], cwd=ROOT,
                          capture_output=True, text=True, check=True).stdout
-    assert "gfx942  w_mxfp4                    SITU              -> torch_emulation" in out
+    assert "gfx942  w_mxfp4                    SITU              -> triton_emulation" in out

@@ -30,83 +30,13 @@ def _inputs(seed: int, tokens: int = T, experts: int = E, top_k: int = K):
     return x, w, ids
 
 
-@pytest.mark.parametrize("act", ACT_IDS)
-@pytest.mark.parametrize("scheme", SCHEME_IDS)
-def test_every_scheme_and_activation_runs_and_a_correct_emulation_passes_the_bound(scheme, act):
-    ckpt = make_checkpoint(scheme, act, E, H, I, seed=3, with_bias=act == "SWIGLUOAI")
-    x, w, ids = _inputs(seed=len(scheme) + len(act))
-    out, trace = fused_moe(x, ckpt, w, ids, trace=True)
-    assert out.dtype == torch.bfloat16 and out.shape == (T, H) and bool(torch.isfinite(out).all())
-    exact = fused_moe(x, ckpt, w, ids, exact=True)
-    assert exact.dtype == torch.float64
-    for operand_dtype in (torch.float32, torch.bfloat16):
-        bound = moe_error_bound(trace, ckpt, operand_dtype)
-        for seed in (None, 1):
-            got = moe_emulation(x, ckpt, w, ids, operand_dtype=operand_dtype, k_permutation_seed=seed)
-            c = compare(out, got, bound, f"{scheme}/{act}/emulation[{operand_dtype}, order {seed}]: output")
-            assert c.ok, c.message()
-
-
-@settings(max_examples=25)
-@given(
-    scheme=st.sampled_from(SCHEME_IDS),
-    act=st.sampled_from(ACT_IDS),
-    seed=st.integers(0, 2**16),
-    tokens=st.integers(1, 12),
-    routing=st.sampled_from(["random", "all_to_one", "ties", "skip_experts"]),
-    bias=st.booleans(),
-    dequantize_all=st.booleans(),
-)
-def test_the_bound_never_fails_a_correct_computation(scheme, act, seed, tokens, routing, bias, dequantize_all):
-    ckpt = make_checkpoint(scheme, act, E, H, I, seed=seed, with_bias=bias)
-    x, w, ids = _inputs(seed, tokens)
-    if routing == "all_to_one":  # one expert gets every token
-        ids = torch.stack([torch.zeros(tokens, dtype=torch.long), torch.ones(tokens, dtype=torch.long)], 1)
-    elif routing == "ties":  # tied logits: the documented tie-break (lower index) decides
-        w, ids = route(torch.zeros(tokens, E), RoutingConfig(top_k=K))
-    elif routing == "skip_experts":  # experts 1 and 2 get no token
-        ids = torch.stack([torch.zeros(tokens, dtype=torch.long), torch.full((tokens,), 3)], 1)
-    out, trace = fused_moe(x, ckpt, w, ids, trace=True)
-    for operand_dtype in (torch.float32, torch.bfloat16):
-        got = moe_emulation(x, ckpt, w, ids, operand_dtype=operand_dtype, k_permutation_seed=seed,
-                            dequantize_all_experts=dequantize_all)
-        c = compare(out, got, moe_error_bound(trace, ckpt, operand_dtype), f"{scheme}/{act}: output")
-        assert c.ok, c.message()
-
-
-def _most_exposed_pair(trace, values):
-    """The (token, k) pair and input column whose input magnitude times routing weight is largest."""
-    score = values.abs() * trace.pair_weight[:, None]
-    flat = int(score.argmax())
-    return flat // values.shape[1], flat % values.shape[1]
-
-
-@pytest.mark.parametrize("weight", ["w2", "w13"])
-@pytest.mark.parametrize("scheme", SCHEME_IDS)
-def test_the_bound_catches_one_weight_code_moved_by_one_step(scheme, weight):
-    act = "SILU"
-    ckpt = make_checkpoint(scheme, act, E, H, I, seed=5)
-    x, w, ids = _inputs(seed=11)
-    out, trace = fused_moe(x, ckpt, w, ids, trace=True)
-    if weight == "w2":
-        pair, column = _most_exposed_pair(trace, trace.a2)
-    else:
-        a1 = trace.a1[trace.pair_token]
-        pair, column = _most_exposed_pair(trace, a1)
-    expert = int(trace.pair_expert[pair])
-    bound = moe_error_bound(trace, ckpt)
-    # Among the 16 codes of the most exposed column whose step moves the weight most, take the one whose
-    # step moves the output most. (A w13 step can vanish when the activation is re-quantized, or move
-    # the output by one rounding only; no comparison can tell those from a correct kernel.)
-    candidates = []
-    for row in rows_by_step_size(ckpt, weight, expert, column)[:16]:
-        got = fused_moe(x, step_one_weight_code(ckpt, weight, expert, row, column), w, ids)
-        candidates.append((float((got.double() - out.double()).abs().max()), row, got))
-    moved, row, got = max(candidates, key=lambda c: c[0])
-    assert moved > 0, f"no step of the 16 most exposed {weight} codes in column {column} changed the output"
-    c = compare(out, got, bound, f"{scheme}/{act}: output")
-    assert not c.ok, f"{weight}[{expert}, {row}, {column}] moved one step and passed: {c.message()}"
-    assert scheme in c.what and "index" in c.message() and "ulp" in c.message()
+def test_static_activation_scales_are_the_max_over_experts():
+    for scheme in ("w_mxfp4_a_fp8", "w_fp8_a_fp8", "w_nvfp4_a_nvfp4"):
+        ckpt = make_checkpoint(scheme, "SILU", E, H, I, seed=2)
+        x, w, ids = _inputs(seed=2)
+        _, trace = fused_moe(x, ckpt, w, ids, trace=True)
+        assert trace.a1_scale == ckpt.w13_input_scale.max() and trace.a2_scale == ckpt.w2_input_scale.max()
+        assert ckpt.w13_input_scale.min() < ckpt.w13_input_scale.max()  # the max is not any one expert's
 
 
 TWINS = [("w_mxfp4", "w_mxfp4_a_mxfp4"), ("w_mxfp6_e3m2", "w_mxfp6_e3m2_a_mxfp6_e3m2"),
@@ -193,15 +123,6 @@ def test_unknown_scheme_or_activation_is_an_error():
         make_checkpoint("w_mxfp4", "SILU", E, 100, I)
 
 
-def test_static_activation_scales_are_the_max_over_experts():
-    for scheme in ("w_mxfp4_a_fp8", "w_fp8_a_fp8", "w_nvfp4_a_nvfp4"):
-        ckpt = make_checkpoint(scheme, "SILU", E, H, I, seed=2)
-        x, w, ids = _inputs(seed=2)
-        _, trace = fused_moe(x, ckpt, w, ids, trace=True)
-        assert trace.a1_scale == ckpt.w13_input_scale.max() and trace.a2_scale == ckpt.w2_input_scale.max()
-        assert ckpt.w13_input_scale.min() < ckpt.w13_input_scale.max()  # the max is not any one expert's
-
-
 def test_python_m_harness_schemes_lists_every_scheme():
     import subprocess
     import sys
@@ -210,3 +131,82 @@ def test_python_m_harness_schemes_lists_every_scheme():
     lines = out.strip().splitlines()
     assert [line.split()[0] for line in lines] == list(SCHEMES)
     assert "weight=mxe2m1" in out and "act=bf16 (A16)" in out
+
+
+def _most_exposed_pair(trace, values):
+    """The (token, k) pair and input column whose input magnitude times routing weight is largest."""
+    score = values.abs() * trace.pair_weight[:, None]
+    flat = int(score.argmax())
+    return flat // values.shape[1], flat % values.shape[1]
+
+
+@pytest.mark.parametrize("weight", ["w2", "w13"])
+@pytest.mark.parametrize("scheme", SCHEME_IDS)
+def test_the_bound_catches_one_weight_code_moved_by_one_step(scheme, weight):
+    act = "SILU"
+    ckpt = make_checkpoint(scheme, act, E, H, I, seed=5)
+    x, w, ids = _inputs(seed=11)
+    out, trace = fused_moe(x, ckpt, w, ids, trace=True)
+    if weight == "w2":
+        pair, column = _most_exposed_pair(trace, trace.a2)
+    else:
+        a1 = trace.a1[trace.pair_token]
+        pair, column = _most_exposed_pair(trace, a1)
+    expert = int(trace.pair_expert[pair])
+    bound = moe_error_bound(trace, ckpt)
+    # Among the 48 codes of the most exposed column whose step moves the weight most, take the one whose
+    # step moves the output most. (A w13 step can vanish when the activation is re-quantized, or move
+    # the output by one rounding only; no comparison can tell those from a correct kernel.)
+    candidates = []
+    for row in rows_by_step_size(ckpt, weight, expert, column)[:48]:
+        got = fused_moe(x, step_one_weight_code(ckpt, weight, expert, row, column), w, ids)
+        candidates.append((float((got.double() - out.double()).abs().max()), row, got))
+    moved, row, got = max(candidates, key=lambda c: c[0])
+    assert moved > 0, f"no step of the 48 most exposed {weight} codes in column {column} changed the output"
+    c = compare(out, got, bound, f"{scheme}/{act}: output")
+    assert not c.ok, f"{weight}[{expert}, {row}, {column}] moved one step and passed: {c.message()}"
+    assert scheme in c.what and "index" in c.message() and "ulp" in c.message()
+
+
+@pytest.mark.parametrize("act", ACT_IDS)
+@pytest.mark.parametrize("scheme", SCHEME_IDS)
+def test_every_scheme_and_activation_runs_and_a_correct_emulation_passes_the_bound(scheme, act):
+    ckpt = make_checkpoint(scheme, act, E, H, I, seed=3, with_bias=act == "SWIGLUOAI")
+    x, w, ids = _inputs(seed=len(scheme) + len(act))
+    out, trace = fused_moe(x, ckpt, w, ids, trace=True)
+    assert out.dtype == torch.bfloat16 and out.shape == (T, H) and bool(torch.isfinite(out).all())
+    exact = fused_moe(x, ckpt, w, ids, exact=True)
+    assert exact.dtype == torch.float64
+    for operand_dtype in (torch.float32, torch.bfloat16):
+        bound = moe_error_bound(trace, ckpt, operand_dtype)
+        for seed in (None, 1):
+            got = moe_emulation(x, ckpt, w, ids, operand_dtype=operand_dtype, k_permutation_seed=seed)
+            c = compare(out, got, bound, f"{scheme}/{act}/emulation[{operand_dtype}, order {seed}]: output")
+            assert c.ok, c.message()
+
+
+@settings(max_examples=25)
+@given(
+    scheme=st.sampled_from(SCHEME_IDS),
+    act=st.sampled_from(ACT_IDS),
+    seed=st.integers(0, 2**16),
+    tokens=st.integers(1, 12),
+    routing=st.sampled_from(["random", "all_to_one", "ties", "skip_experts"]),
+    bias=st.booleans(),
+    dequantize_all=st.booleans(),
+)
+def test_the_bound_never_fails_a_correct_computation(scheme, act, seed, tokens, routing, bias, dequantize_all):
+    ckpt = make_checkpoint(scheme, act, E, H, I, seed=seed, with_bias=bias)
+    x, w, ids = _inputs(seed, tokens)
+    if routing == "all_to_one":  # one expert gets every token
+        ids = torch.stack([torch.zeros(tokens, dtype=torch.long), torch.ones(tokens, dtype=torch.long)], 1)
+    elif routing == "ties":  # tied logits: the documented tie-break (lower index) decides
+        w, ids = route(torch.zeros(tokens, E), RoutingConfig(top_k=K))
+    elif routing == "skip_experts":  # experts 1 and 2 get no token
+        ids = torch.stack([torch.zeros(tokens, dtype=torch.long), torch.full((tokens,), 3)], 1)
+    out, trace = fused_moe(x, ckpt, w, ids, trace=True)
+    for operand_dtype in (torch.float32, torch.bfloat16):
+        got = moe_emulation(x, ckpt, w, ids, operand_dtype=operand_dtype, k_permutation_seed=seed,
+                            dequantize_all_experts=dequantize_all)
+        c = compare(out, got, moe_error_bound(trace, ckpt, operand_dtype), f"{scheme}/{act}: output")
+        assert c.ok, c.message()

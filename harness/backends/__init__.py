@@ -14,6 +14,9 @@ __all__ = ["BUILTIN_BACKENDS", "ENTRY_POINT_GROUP", "load_backend", "registered_
 
 BUILTIN_BACKENDS: dict[str, str] = {
     "triton_emulation": "harness.backends.triton_emulation:make_backend",
+    "triton_dot_scaled": "harness.backends.triton_dot_scaled:make_backend",
+    "torch_fp8": "harness.backends.torch_fp8:make_backend",
+    "torch_blockscaled": "harness.backends.torch_blockscaled:make_backend",
     "torch_emulation": "harness.backends.torch_emulation:make_backend",
     "aiter": "harness.backends.aiter_model:make_backend",
 }

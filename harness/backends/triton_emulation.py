@@ -49,6 +49,7 @@ class Prepared:
 class TritonEmulationBackend:
     name = "triton_emulation"
     operand_dtype = torch.float32  # operands are exact in bf16; scales multiply fp32 partial sums
+    use_dot_scaled = False  # triton_dot_scaled's GEMMs use tl.dot_scaled on the MX weights
 
     def __init__(self, device: str | None = None):
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -259,6 +260,7 @@ class TritonEmulationBackend:
             GATED=bool(apply_act and act.gated), INTERLEAVED=act.interleaved, ACT=_ACT_IDS[act.formula],
             APPLY_ACT=apply_act, HAS_LIMIT=act.limit is not None, BLOCK_M=self.block_m, BLOCK_N=self.block_n,
             BLOCK_K=self.block_k, INTERPRET_DOT=K.INTERPRET,
+            DOT_SCALED=self.use_dot_scaled, DS_FMT=self.dot_scaled_format(elem) if self.use_dot_scaled else "e2m1",
         )
 
 

@@ -249,6 +249,26 @@ def _weight_tile(w_ptr, ws_ptr, expert, wrow, k_offs, n_mask, k_mask, N_ROWS, K,
 
 
 @_device
+def _dot_scaled_tile(a, w_ptr, ws_ptr, expert, wrow, k0, n_mask, N_ROWS, K, PACKED: tl.constexpr,
+                     BLOCK_K: tl.constexpr, DS_FMT: tl.constexpr):
+    """a [BM, BK] (bf16 values) times the MX weight rows `wrow` over [k0, k0 + BK) via tl.dot_scaled:
+    the weight tile goes in as codes [BK (/2 packed), BN] with its E8M0 scales [BN, BK / 32]."""
+    e64 = expert.to(tl.int64)
+    if PACKED:
+        kk = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+        kp = K // 2
+    else:
+        kk = k0 + tl.arange(0, BLOCK_K)
+        kp = K
+    w_t = tl.load(w_ptr + e64 * N_ROWS * kp + wrow[None, :].to(tl.int64) * kp + kk[:, None], mask=n_mask[None, :],
+                  other=0)
+    sk = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+    sc = tl.load(ws_ptr + e64 * N_ROWS * (K // 32) + wrow[:, None].to(tl.int64) * (K // 32) + sk[None, :],
+                 mask=n_mask[:, None], other=127)
+    return tl.dot_scaled(a.to(tl.bfloat16), None, "bf16", w_t, sc, DS_FMT)
+
+
+@_device
 def _dot(a, w, INTERPRET_DOT: tl.constexpr):
     if INTERPRET_DOT:
         return tl.dot(a, tl.trans(w), input_precision="ieee")
@@ -310,7 +330,7 @@ def moe_gemm_kernel(
     BIAS: tl.constexpr, W_BLOCK_SCALE: tl.constexpr, HAS_EXPERT_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
     GATED: tl.constexpr, INTERLEAVED: tl.constexpr, ACT: tl.constexpr, APPLY_ACT: tl.constexpr,
     HAS_LIMIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    INTERPRET_DOT: tl.constexpr,
+    INTERPRET_DOT: tl.constexpr, DOT_SCALED: tl.constexpr = False, DS_FMT: tl.constexpr = "e2m1",
 ):
     """out[pair, n] for BLOCK_M pairs of one expert (rows of a: pair // a_row_div) x BLOCK_N outputs.
 
@@ -344,15 +364,22 @@ def moe_gemm_kernel(
         k_mask = k_offs < K
         a = tl.load(a_ptr + a_row[:, None] * K + k_offs[None, :], mask=m_mask[:, None] & k_mask[None, :],
                     other=0.0).to(tl.float32)
-        wg = _weight_tile(w_ptr, ws_ptr, expert, g_row, k_offs, n_mask, k_mask, N_ROWS, K, W_KIND, PACKED, EBITS,
-                          MBITS, BIAS, 32)
-        pg = _dot(a, wg, INTERPRET_DOT)
-        if GATED:
-            wu = _weight_tile(w_ptr, ws_ptr, expert, u_row, k_offs, n_mask, k_mask, N_ROWS, K, W_KIND, PACKED,
-                              EBITS, MBITS, BIAS, 32)
-            pu = _dot(a, wu, INTERPRET_DOT)
+        if DOT_SCALED:
+            pg = _dot_scaled_tile(a, w_ptr, ws_ptr, expert, g_row, k0, n_mask, N_ROWS, K, PACKED, BLOCK_K, DS_FMT)
+            if GATED:
+                pu = _dot_scaled_tile(a, w_ptr, ws_ptr, expert, u_row, k0, n_mask, N_ROWS, K, PACKED, BLOCK_K, DS_FMT)
+            else:
+                pu = pg
         else:
-            pu = pg
+            wg = _weight_tile(w_ptr, ws_ptr, expert, g_row, k_offs, n_mask, k_mask, N_ROWS, K, W_KIND, PACKED, EBITS,
+                              MBITS, BIAS, 32)
+            pg = _dot(a, wg, INTERPRET_DOT)
+            if GATED:
+                wu = _weight_tile(w_ptr, ws_ptr, expert, u_row, k_offs, n_mask, k_mask, N_ROWS, K, W_KIND, PACKED,
+                                  EBITS, MBITS, BIAS, 32)
+                pu = _dot(a, wu, INTERPRET_DOT)
+            else:
+                pu = pg
         if A_SCALE == 2:
             sa = tl.load(a_scale_ptr + a_row * (K // 128) + k0 // 128, mask=m_mask, other=0.0)
             pg = pg * sa[:, None]

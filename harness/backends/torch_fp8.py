@@ -1,0 +1,106 @@
+"""torch_fp8: w_fp8_a_fp8 on FP8 tensor cores through torch._scaled_mm, one call per expert.
+
+Activations are quantized on the device with torch (x / scale, clamped to +-max, cast: in range the
+cast rounds to nearest even, as the reference; the conformance suite checks the result). The platform's
+FP8 dtype is used: e4m3fn on sm90/sm100/gfx950, e4m3fnuz on gfx942 (MI300), so a checkpoint of the
+other dtype is refused. Scales multiply the fp32 output of _scaled_mm; bf16 rounding points as the
+scheme says; the top-k sum is an ordered fp32 sum."""
+
+from __future__ import annotations
+
+import torch
+
+from reference.activations import apply_activation
+from reference.checkpoints import MoECheckpoint
+from reference.fp8 import Granularity
+from reference.moe import check_moe_inputs, static_activation_scales
+
+_TORCH_FP8 = {"e4m3fn": torch.float8_e4m3fn, "e4m3fnuz": torch.float8_e4m3fnuz}
+
+
+class TorchFP8Backend:
+    name = "torch_fp8"
+    operand_dtype = torch.float32  # FP8 codes are the operands; scales multiply fp32 results
+
+    def __init__(self):
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+
+    def supports(self, problem, platform) -> tuple[bool, str]:
+        if "fp8" not in platform.native_formats:
+            return False, f"{platform.name} has no FP8 matrix units"
+        w = problem.scheme.weight
+        if problem.scheme.name != "w_fp8_a_fp8" or w.granularity is not Granularity.PER_TENSOR:
+            return False, "torch._scaled_mm path covers w_fp8_a_fp8 with per-tensor scales only"
+        return True, f"torch._scaled_mm with {platform.fp8_format.name}"
+
+    def available(self, platform) -> tuple[bool, str]:
+        if not torch.cuda.is_available():
+            return False, "needs a GPU with FP8 matrix units (torch._scaled_mm); none here"
+        from harness.platforms import detect_platform
+
+        here = detect_platform()
+        if here.fp8_format is not platform.fp8_format:
+            return False, f"this {here.name} GPU runs {here.fp8_format.name}, not {platform.name}'s {platform.fp8_format.name}"
+        return True, ""
+
+    def prepare(self, ckpt: MoECheckpoint):
+        dt = _TORCH_FP8[ckpt.fp8_format.name]
+        a1_scale, a2_scale = static_activation_scales(ckpt)
+        dev = self.device
+        return dict(
+            ckpt=ckpt,
+            w13=ckpt.w13.data.to(dev).view(dt), w2=ckpt.w2.data.to(dev).view(dt),
+            s13=ckpt.w13.scale.reshape(-1).float().to(dev), s2=ckpt.w2.scale.reshape(-1).float().to(dev),
+            b13=None if ckpt.b13 is None else ckpt.b13.float().to(dev),
+            b2=None if ckpt.b2 is None else ckpt.b2.float().to(dev),
+            a1_scale=a1_scale.float().to(dev).reshape(()), a2_scale=a2_scale.float().to(dev).reshape(()), dtype=dt,
+        )
+
+    @staticmethod
+    def _quantize(x: torch.Tensor, scale: torch.Tensor, dt, fmax: float) -> torch.Tensor:
+        return (x.float() / scale).clamp(-fmax, fmax).to(dt)
+
+    @staticmethod
+    def _mm(a_fp8, w_fp8, s_a, s_w):
+        m = a_fp8.shape[0]
+        pad = (-m) % 16  # _scaled_mm wants every dim a multiple of 16
+        if pad:
+            a_fp8 = torch.cat([a_fp8, torch.zeros(pad, a_fp8.shape[1], dtype=a_fp8.dtype, device=a_fp8.device)])
+        out = torch._scaled_mm(a_fp8, w_fp8.t(), scale_a=s_a, scale_b=s_w, out_dtype=torch.float32)
+        return out[:m]
+
+    def forward(self, prep, hidden_states, topk_weights, topk_ids):
+        ckpt = prep["ckpt"]
+        check_moe_inputs(hidden_states.cpu(), ckpt, topk_weights.cpu(), topk_ids.cpu())
+        rnd = ckpt.scheme.rounding
+        fmax = ckpt.fp8_format.max_normal
+        t, h = hidden_states.shape
+        k = topk_ids.shape[1]
+        a1 = self._quantize(hidden_states, prep["a1_scale"], prep["dtype"], fmax)
+        z = torch.zeros(t * k, h, dtype=torch.float32, device=hidden_states.device)
+        flat = topk_ids.reshape(-1)
+        tokens = torch.arange(t, device=flat.device).repeat_interleave(k)
+        for e in flat.unique().tolist():
+            rows = (flat == e).nonzero().flatten()
+            he = self._mm(a1[tokens[rows]], prep["w13"][e], prep["a1_scale"], prep["s13"][e])
+            if prep["b13"] is not None:
+                he = he + prep["b13"][e]
+            if rnd.gemm1_out:
+                he = he.to(torch.bfloat16).float()
+            y = apply_activation(he, ckpt.activation)
+            if rnd.act_out:
+                y = y.to(torch.bfloat16).float()
+            a2 = self._quantize(y, prep["a2_scale"], prep["dtype"], fmax)
+            ze = self._mm(a2, prep["w2"][e], prep["a2_scale"], prep["s2"][e])
+            if prep["b2"] is not None:
+                ze = ze + prep["b2"][e]
+            z[rows] = ze.to(torch.bfloat16).float() if rnd.gemm2_out else ze
+        out = torch.zeros(t, h, dtype=torch.float32, device=z.device)
+        zk = z.view(t, k, h)
+        for j in range(k):  # ordered: deterministic
+            out += topk_weights[:, j : j + 1].float() * zk[:, j]
+        return out.to(torch.bfloat16)
+
+
+def make_backend() -> TorchFP8Backend:
+    return TorchFP8Backend()

@@ -1,0 +1,99 @@
+"""torchao's MX and NVFP4 quantizers against the reference, mode for mode (NUMERICS.md variants).
+
+Agreement is bit for bit on finite inputs, including the planted corner cases; where torchao differs
+by design the test says so explicitly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+from harness.peers.torchao_adapter import torchao_available, torchao_quantize_mx, torchao_quantize_nvfp4
+from harness.strategies import mx_tensor
+from reference.formats import E2M1
+from reference.mx import MX_ELEMENT_FORMATS, ScaleMode, quantize_mx
+from reference.nvfp4 import NVFP4Variant, quantize_nvfp4
+
+ok, why = torchao_available()
+pytestmark = pytest.mark.skipif(not ok, reason=why)
+
+
+@pytest.mark.parametrize("mode", list(ScaleMode), ids=lambda m: m.value)
+@pytest.mark.parametrize("elem", MX_ELEMENT_FORMATS, ids=lambda f: f.name)
+@given(data=st.data())
+def test_torchao_to_mx_matches_the_reference(elem, mode, data):
+    x = data.draw(mx_tensor(elem))
+    finite = torch.isfinite(x).all()
+    assume(bool(finite))  # NaN/Inf blocks: see the next test
+    codes, scales = torchao_quantize_mx(x, elem, mode)
+    q = quantize_mx(x, elem, scale_mode=mode)
+    same = scales == q.scales
+    if mode is ScaleMode.RCEIL:
+        assert bool((same | _rceil_log2_pitfall(x, elem, scales, q.scales)).all()), (scales, q.scales)
+    else:
+        assert torch.equal(scales, q.scales), (scales, q.scales)
+    compared = (same & (q.scales != 0)).repeat_interleave(32, dim=-1)  # 0x00 blocks: the divergence test
+    assert torch.equal(codes[compared], q.codes[compared])
+
+
+def _rceil_log2_pitfall(x, elem, torchao_scales, ref_scales):
+    """Divergence: torchao's RCEIL takes ceil(torch.log2(amax / max)) in fp32. Just above a power of two
+    fp32's log2 rounds to the integer itself, so torchao picks the scale one binade low; the hardware
+    rounding (cvt.rp to ue8m0, and the reference) rounds up. True where that explains the difference."""
+    amax = x.abs().reshape(*x.shape[:-1], -1, 32).amax(-1)
+    d = amax / elem.max_normal
+    log2 = torch.log2(d)
+    return (ref_scales.int() == torchao_scales.int() + 1) & (log2 == torch.floor(log2)) & (d != 2.0 ** log2)
+
+
+@pytest.mark.parametrize("elem", MX_ELEMENT_FORMATS, ids=lambda f: f.name)
+def test_torchao_divergence_blocks_at_the_smallest_scale_use_2_pow_minus_126(elem):
+    """Divergence by design: for a block whose E8M0 scale is 0x00 (2^-127), torchao stores 0x00 but
+    divides by 2^-126 (it clamps the fp32 scale to the smallest normal), so its elements are those of
+    the next scale up; the reference divides by the 2^-127 it stores."""
+    from reference.mx import dequantize_mx
+
+    x = torch.tensor([[1.5 * 2.0**-127, 4 * 2.0**-127, -0.5 * 2.0**-127] + [0.0] * 29])  # exact at 2^-127
+    codes, scales = torchao_quantize_mx(x, elem, ScaleMode.FLOOR)
+    q = quantize_mx(x, elem)
+    assert scales.tolist() == q.scales.tolist() == [[0]]
+    from reference.formats import encode
+
+    as_2_pow_126 = encode(x, elem, exp_shift=-126)  # elements of x / 2^-126
+    assert torch.equal(codes, as_2_pow_126) and not torch.equal(codes, q.codes)
+    assert torch.equal(dequantize_mx(q.codes, q.scales, elem), x)  # the reference's bytes round-trip
+
+
+def test_torchao_marks_nan_blocks_with_the_nan_scale_like_the_reference():
+    x = torch.ones(1, 64)
+    x[0, 3] = float("nan")
+    _, scales = torchao_quantize_mx(x, E2M1, ScaleMode.FLOOR)
+    assert scales[0, 0] == 0xFF and scales[0, 1] == quantize_mx(x, E2M1).scales[0, 1]
+
+
+@given(data=st.data())
+def test_torchao_nvfp4_matches_the_torchao_variant(data):
+    x = torch.nan_to_num(data.draw(mx_tensor(E2M1, block_size=16))).clamp(-1e4, 1e4)
+    amax = x.abs().amax()
+    assume(float(amax) > 1e-20)
+    s_dec = (amax / 2688.0).float()
+    codes, scales = torchao_quantize_nvfp4(x, s_dec)
+    q = quantize_nvfp4(x, global_decode_scale=s_dec, variant=NVFP4Variant.TORCHAO)
+    # torchao computes the block scale as fl(fl(amax_b / 6) / s_dec); the reference as
+    # fl(fl(amax_b / 6) * fl(1 / s_dec)). The two can differ in the last bit before the E4M3 rounding,
+    # so a block scale may differ by one code where it sits on an E4M3 rounding midpoint; elements then
+    # differ only in those blocks.
+    differ = scales != q.block_scales
+    assert bool(((scales.int() - q.block_scales.int()).abs() <= 1).all())
+    same_blocks = ~differ.repeat_interleave(16, dim=-1)
+    assert torch.equal(codes[same_blocks], q.codes[same_blocks])
+
+
+def test_torchao_nvfp4_without_a_tensor_scale_clamps_block_scales_at_2_pow_minus_6():
+    x = torch.zeros(1, 32)
+    x[0, 16:] = 1e-6  # a block whose scale underflows E4M3
+    _, scales = torchao_quantize_nvfp4(x, None)
+    assert scales.tolist() == [[0x08, 0x08]]  # 2^-6 both: the TORCHAO variant's zero and tiny blocks
+    assert quantize_nvfp4(x, global_encode_scale=torch.tensor(1.0), variant=NVFP4Variant.TORCHAO).block_scales.tolist() == [[0x08, 0x08]]
