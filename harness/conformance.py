@@ -52,7 +52,7 @@ class ConformanceCase:
 
 def skip_reason(backend, case: ConformanceCase, host_platform: Platform) -> str | None:
     """The one place that decides whether a conformance case runs here, and if not, why."""
-    problem = Problem(case.scheme, case.activation)
+    problem = Problem(case.scheme, case.activation, has_bias=_has_bias(case.activation.name))
     ok, reason = backend.supports(problem, case.platform)
     if not ok:
         return f"{backend.name}: {reason}"
@@ -69,12 +69,16 @@ def skip_reason(backend, case: ConformanceCase, host_platform: Platform) -> str 
     return None
 
 
+def _has_bias(act: str) -> bool:
+    return act == "SWIGLUOAI"  # gpt-oss's experts carry biases; the conformance checkpoints follow
+
+
 @functools.lru_cache(maxsize=64)
 def _checkpoint(scheme: str, act: str, fp8_name: str, shape: Shape, seed: int) -> MoECheckpoint:
     from reference.formats import format_by_name
 
     return make_checkpoint(scheme, act, shape.num_experts, shape.hidden_size, shape.intermediate_size, seed=seed,
-                           with_bias=act == "SWIGLUOAI", fp8_format=format_by_name(fp8_name))
+                           with_bias=_has_bias(act), fp8_format=format_by_name(fp8_name))
 
 
 def case_inputs(shape: Shape, seed: int, tokens: int | None = None):
@@ -112,4 +116,4 @@ def run_case(backend, case: ConformanceCase, shape: Shape, seed: int = 0) -> Com
 
 
 def problem_for(scheme: str, act: str) -> Problem:
-    return Problem(scheme_by_name(scheme), activation_by_name(act))
+    return Problem(scheme_by_name(scheme), activation_by_name(act), has_bias=_has_bias(act))
