@@ -54,7 +54,10 @@ class TorchFP8Backend:
         return dict(
             ckpt=ckpt,
             w13=ckpt.w13.data.to(dev).view(dt), w2=ckpt.w2.data.to(dev).view(dt),
-            s13=ckpt.w13.scale.reshape(-1).float().to(dev), s2=ckpt.w2.scale.reshape(-1).float().to(dev),
+            # one separately allocated 0-d scale per expert: cuBLASLt refuses a scale pointer at an odd
+            # 4-byte offset into a [E] tensor (CUBLAS_STATUS_NOT_SUPPORTED on the H200)
+            s13=[v.clone() for v in ckpt.w13.scale.reshape(-1).float().to(dev)],
+            s2=[v.clone() for v in ckpt.w2.scale.reshape(-1).float().to(dev)],
             b13=None if ckpt.b13 is None else ckpt.b13.float().to(dev),
             b2=None if ckpt.b2 is None else ckpt.b2.float().to(dev),
             a1_scale=a1_scale.float().to(dev).reshape(()), a2_scale=a2_scale.float().to(dev).reshape(()), dtype=dt,
@@ -71,7 +74,7 @@ class TorchFP8Backend:
         if pad:
             a_fp8 = torch.cat([a_fp8, torch.zeros(pad, a_fp8.shape[1], dtype=a_fp8.dtype, device=a_fp8.device)])
         # bf16 out: the scales multiply the fp32 accumulator and cuBLAS rounds once, which is the
-        # scheme's gemm*_out rounding point (fp32 out was CUBLAS_STATUS_NOT_SUPPORTED on the H200, cu130)
+        # scheme's gemm*_out rounding point
         out = torch._scaled_mm(a_fp8, w_fp8.t(), scale_a=s_a, scale_b=s_w, out_dtype=torch.bfloat16)
         return out[:m].float()
 
