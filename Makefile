@@ -13,7 +13,7 @@ PYTEST := $(PY) -m pytest -p no:cacheprovider
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test,torchao]'
 	touch $(STAMP)
 
 test: $(STAMP)

@@ -152,13 +152,19 @@ class TritonEmulationBackend:
         return codes, s
 
     # ---- launches --------------------------------------------------------------------------------
-    def _mx(self, x2, elem, scale_mode, values: bool):
+    @staticmethod
+    def _block_buffers(x2, block: int, values: bool):
+        """codes, block-scale codes and (if asked) bf16 values for a [rows, cols] quantization."""
         r, c = x2.shape
-        if c % 32:
-            raise ValueError(f"x's last dim must be divisible by 32, got {c}")
+        if c % block:
+            raise ValueError(f"x's last dim must be divisible by {block}, got {c}")
         codes = torch.empty(r, c, dtype=torch.uint8, device=x2.device)
-        scales = torch.empty(r, c // 32, dtype=torch.uint8, device=x2.device)
+        scales = torch.empty(r, c // block, dtype=torch.uint8, device=x2.device)
         vals = torch.empty(r, c, dtype=torch.bfloat16, device=x2.device) if values else codes
+        return r, c, codes, scales, vals
+
+    def _mx(self, x2, elem, scale_mode, values: bool):
+        r, c, codes, scales, vals = self._block_buffers(x2, 32, values)
         bm = 16
         K.mx_quantize_kernel[(triton_cdiv(r, bm), c // 32)](
             x2, codes, scales, vals, r, c, 1.0 / elem.max_normal, RCEIL=scale_mode is ScaleMode.RCEIL,
@@ -166,12 +172,7 @@ class TritonEmulationBackend:
         return codes, scales, vals
 
     def _nvfp4(self, x2, s_dec, values: bool):
-        r, c = x2.shape
-        if c % 16:
-            raise ValueError(f"x's last dim must be divisible by 16, got {c}")
-        codes = torch.empty(r, c, dtype=torch.uint8, device=x2.device)
-        scales = torch.empty(r, c // 16, dtype=torch.uint8, device=x2.device)
-        vals = torch.empty(r, c, dtype=torch.bfloat16, device=x2.device) if values else codes
+        r, c, codes, scales, vals = self._block_buffers(x2, 16, values)
         s = torch.as_tensor(s_dec, dtype=torch.float32).reshape(1).to(x2.device)
         bm = 16
         K.nvfp4_quantize_kernel[(triton_cdiv(r, bm), c // 16)](x2, codes, scales, vals, s, r, c,
