@@ -109,14 +109,19 @@ class Comparison:
         )
 
 
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    """[..., itemsize] raw bytes of t (a fresh dense copy first: expanded or strided views have none)."""
+    dense = t.new_empty(t.shape).copy_(t)
+    return dense.view(torch.uint8).reshape(*t.shape, -1) if t.numel() else dense
+
+
 def compare(expected: torch.Tensor, got: torch.Tensor, tolerance: Exact | ErrorBound, what: str) -> Comparison:
     """Compare and describe; the caller asserts on .ok with .message()."""
     if tuple(got.shape) != tuple(expected.shape):
         return Comparison(False, f"{what} (shape {tuple(got.shape)} != expected {tuple(expected.shape)})",
                           expected.numel(), expected.numel())
     if isinstance(tolerance, Exact):
-        e_bits = expected.contiguous().view(torch.uint8).reshape(*expected.shape, -1) if expected.numel() else expected
-        g_bits = got.to(expected.dtype).contiguous().view(torch.uint8).reshape(*expected.shape, -1) if got.numel() else got
+        e_bits, g_bits = _bytes(expected), _bytes(got.to(expected.dtype))
         bad = (e_bits != g_bits).any(-1) if expected.numel() else torch.zeros(0, dtype=torch.bool)
         diff = (got.double() - expected.double()).abs()
         bound = torch.zeros_like(diff)

@@ -19,6 +19,7 @@ from reference.moe import check_moe_inputs, static_activation_scales
 from reference.mx import ScaleMode
 
 from . import triton_kernels as K
+from .triton_kernels import triton
 
 _ACT_IDS = {"SILU": 0, "GELU": 1, "GELU_TANH": 2, "RELU2": 3, "SWIGLUOAI": 4, "SWIGLUSTEP": 5, "SITU": 6}
 _W_KIND = {None: 0, "mx": 1, "nvfp4": 2, "fp8": 3}
@@ -140,14 +141,18 @@ class TritonEmulationBackend:
         return codes, scales
 
     def quantize_fp8(self, x, fmt, granularity, block_shape, scale):
+        if scale is not None:  # static: one tensor scale
+            if granularity is not Granularity.PER_TENSOR:
+                raise NotImplementedError("static FP8 scales are per-tensor only")
+            s = torch.as_tensor(scale, dtype=torch.float32)
+            codes, _, _ = self._fp8(x.to(self.device).float().contiguous(), fmt, s, x.shape[-1], values=False)
+            return codes, s.reshape(1, 1)
         if granularity is Granularity.PER_TOKEN:
             group = x.shape[-1]
         elif granularity is Granularity.PER_BLOCK and block_shape[0] == 1:
             group = block_shape[1]
         else:
             raise NotImplementedError(f"{granularity} {block_shape}")
-        if group & (group - 1):
-            raise NotImplementedError(f"group size {group} is not a power of two")
         codes, s, _ = self._fp8(x.to(self.device).float().contiguous(), fmt, scale, group, values=False)
         return codes, s
 
@@ -185,16 +190,22 @@ class TritonEmulationBackend:
         vals = torch.empty(r, c, dtype=torch.bfloat16, device=x2.device) if values else codes
         dynamic = scale is None
         if dynamic:
-            s = torch.empty(r, c // group, dtype=torch.float32, device=x2.device)
+            if c % group:
+                raise ValueError(f"x's last dim {c} is not a multiple of the FP8 group {group}")
+            n_groups, group_size = c // group, group
+            s = torch.empty(r, n_groups, dtype=torch.float32, device=x2.device)
+            tile = triton.next_power_of_2(group)  # columns of the tile past the group are masked
         else:
             s = torch.as_tensor(scale, dtype=torch.float32).reshape(1).to(x2.device)
-            group = min(128, c)
+            tile = group_size = 128
+            n_groups = 1
         fmax = fmt.max_normal
         min_scale = torch.tensor(1.0 / (fmax * 512.0), dtype=torch.float32).item()
         bm = 16
-        K.fp8_quantize_kernel[(triton_cdiv(r, bm), triton_cdiv(c, group))](
-            x2, codes, s, vals, r, c, fmax, min_scale, FNUZ=fmt.specials.name == "FNUZ", DYNAMIC=dynamic,
-            GROUP=group, WRITE_VALUES=values, BLOCK_M=bm, **_fmt_args(fmt))
+        grid_cols = n_groups if dynamic else triton_cdiv(c, group_size)
+        K.fp8_quantize_kernel[(triton_cdiv(r, bm), grid_cols)](
+            x2, codes, s, vals, r, c, n_groups, group_size, fmax, min_scale, FNUZ=fmt.specials.name == "FNUZ",
+            DYNAMIC=dynamic, GROUP=tile, WRITE_VALUES=values, BLOCK_M=bm, **_fmt_args(fmt))
         return codes, (s if dynamic else s.reshape(()).expand(r, 1)), vals
 
     def _quantize_activation(self, x2, static_scale, ckpt_aq, fmt: FloatFormat):

@@ -177,25 +177,27 @@ def nvfp4_quantize_kernel(x_ptr, codes_ptr, scales_ptr, values_ptr, s_dec_ptr, n
 
 
 @triton.jit
-def fp8_quantize_kernel(x_ptr, codes_ptr, scale_ptr, values_ptr, n_rows, n_cols, fmax, min_scale,
+def fp8_quantize_kernel(x_ptr, codes_ptr, scale_ptr, values_ptr, n_rows, n_cols, n_groups, group_size, fmax, min_scale,
                         MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr,
                         SIGN_BIT: tl.constexpr, FNUZ: tl.constexpr, EBITS: tl.constexpr, BIAS: tl.constexpr,
                         DYNAMIC: tl.constexpr, GROUP: tl.constexpr, WRITE_VALUES: tl.constexpr,
                         BLOCK_M: tl.constexpr):
-    """FP8 of fl(x / scale) clamped to +-fmax. DYNAMIC: one scale per row and GROUP columns,
-    max(fl(amax / fmax), min_scale), written to scale_ptr [rows, n_cols / GROUP]; else one static scale
+    """FP8 of fl(x / scale) clamped to +-fmax. DYNAMIC: one scale per row and GROUP columns (a power of
+    two; masked past n_cols), max(fl(amax / fmax), min_scale), written to scale_ptr [rows, n_groups]; else
+    one static scale
     at scale_ptr. WRITE_VALUES stores the code values (exact in bf16; the scale is the GEMM's)."""
     pid_m = tl.program_id(0)
     pid_b = tl.program_id(1)
     rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-    cols = pid_b * GROUP + tl.arange(0, GROUP)
-    mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+    in_group = tl.arange(0, GROUP)
+    cols = pid_b * group_size + in_group
+    mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols) & (in_group[None, :] < group_size)
     offs = rows[:, None] * n_cols + cols[None, :]
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     if DYNAMIC:
         amax = tl.max(tl.abs(x), axis=1)
         s = tl.maximum(tl.math.div_rn(amax, fmax), min_scale)
-        tl.store(scale_ptr + rows * (n_cols // GROUP) + pid_b, s, mask=rows < n_rows)
+        tl.store(scale_ptr + rows * n_groups + pid_b, s, mask=rows < n_rows)
         xs = tl.math.div_rn(x, s[:, None])
     else:
         s = tl.load(scale_ptr)
