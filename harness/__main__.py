@@ -87,11 +87,50 @@ def _oracle(args) -> int:
     return 0
 
 
+def _catalog(args) -> int:
+    """Run the ci-profile conformance suite on every catalog mutant in one pytest session and say, per
+    mutant, which test caught it first (JUnit order) and how long its cases took."""
+    import subprocess
+    import sys
+    import tempfile
+    import xml.etree.ElementTree as ET
+
+    from harness.catalog import CONTROL, MUTANTS
+
+    with tempfile.TemporaryDirectory() as tmp:
+        junit = f"{tmp}/catalog.xml"
+        cmd = [sys.executable, "-m", "pytest", "suites/test_conformance.py", "-q", "-p", "no:cacheprovider",
+               "--hypothesis-profile=ci", f"--junitxml={junit}", "-n", str(args.workers), "-m", "cpu or gfx942",
+               "-k", "not test_conformance_hypothesis"]  # the parametrized cases and quantizer checks suffice
+        for m in (*MUTANTS, CONTROL):
+            cmd += ["--backend", f"harness.catalog:mutant_{m.name}"]
+        subprocess.run(cmd, capture_output=True, text=True)
+        cases = ET.parse(junit).getroot().iter("testcase")
+        caught, seconds = {}, {}
+        for case in cases:
+            name = case.get("name")
+            for m in (*MUTANTS, CONTROL):
+                if f"mutant_{m.name}" not in name:
+                    continue
+                seconds[m.name] = seconds.get(m.name, 0.0) + float(case.get("time") or 0)
+                if m.name not in caught and (case.find("failure") is not None or case.find("error") is not None):
+                    caught[m.name] = name
+    missed = [m.name for m in MUTANTS if m.name not in caught]
+    for m in MUTANTS:
+        verdict = f"CAUGHT by {caught[m.name]}" if m.name in caught else "SURVIVED"
+        print(f"{m.name:<30} {seconds.get(m.name, 0.0):6.1f}s  {verdict}\n    {m.bug}")
+    control_failed = CONTROL.name in caught
+    print(f"control (no bug): {'FAILED ' + caught[CONTROL.name] if control_failed else 'passed'}")
+    print(f"\n{len(MUTANTS) - len(missed)} of {len(MUTANTS)} mutants caught")
+    return 1 if missed or control_failed else 0
+
+
 COMMANDS = {
     "formats": (_formats, "every element format: bias, max normal, min normal/subnormal, Inf/NaN policy"),
     "platforms": (_platforms, "every platform: FP8 dtype, native formats, backend priorities; which one is this machine"),
     "oracle": (_oracle, "scheme x activation -> chosen backend (or why none) on a platform"),
     "schemes": (_schemes, "every quantization scheme with its weight and activation formats"),
+    "catalog": (_catalog, "run the conformance suite on every seeded-bug mutant; which test caught each"),
     "bench-reference": (_bench_reference, "CPU throughput of the reference quantizers"),
 }
 
@@ -106,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--all", action="store_true", help="every platform")
             p.add_argument("--write", action="store_true", help="rewrite the checked-in table")
             p.add_argument("--backend", action="append", default=[], help="extra backend module:factory")
+        if name == "catalog":
+            p.add_argument("--workers", default="auto")
         if name == "bench-reference":
             p.add_argument("--rows", type=int, default=4096)
             p.add_argument("--cols", type=int, default=4096)

@@ -1,0 +1,281 @@
+"""The seeded-bug catalog: small buggy backends, each a wrapper of a correct one (torch emulation with
+fp32 operands) that injects one real bug class, for proving that the suites catch it (issue 7: detection power).
+
+Each mutant names the bug class it models (DESIGN.md "Why it exists"). `python -m harness catalog`
+runs the ci-profile conformance suite against each and prints the test that caught it and the time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from reference.checkpoints import MoECheckpoint
+from reference.formats import E4M3FN, E4M3FNUZ
+from reference.fp8 import Granularity
+from reference.mx import ScaleMode, quantize_mx
+from reference.schemes import ActQuant
+
+from .backends.torch_emulation import TorchEmulationBackend
+
+__all__ = ["Mutant", "MUTANTS", "CONTROL", "make_mutant"]
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    bug: str
+    prepare: Callable[[MoECheckpoint], MoECheckpoint] | None = None  # checkpoint as the buggy backend reads it
+    forward: Callable | None = None  # (base_forward, prepared, x, w, ids) -> out
+    quantize_mx: Callable | None = None  # a buggy quantizer entry point
+
+
+def _with_act(ckpt: MoECheckpoint, **params) -> MoECheckpoint:
+    return dataclasses.replace(ckpt, activation=dataclasses.replace(ckpt.activation, **params))
+
+
+def _with_scheme_act(ckpt: MoECheckpoint, act: ActQuant | None) -> MoECheckpoint:
+    return dataclasses.replace(ckpt, scheme=dataclasses.replace(ckpt.scheme, act=act))
+
+
+def _swap_nibbles(ckpt: MoECheckpoint) -> MoECheckpoint:
+    wq = ckpt.scheme.weight
+    if wq is None or wq.elem.nbits != 4:
+        return ckpt
+    swap = lambda w: dataclasses.replace(w, data=(w.data >> 4) | (w.data << 4))  # noqa: E731
+    return dataclasses.replace(ckpt, w13=swap(ckpt.w13), w2=swap(ckpt.w2))
+
+
+def _interleaved_as_halves(ckpt: MoECheckpoint) -> MoECheckpoint:
+    # reads gpt-oss's interleaved gate/up rows as if they were [gate; up] halves
+    if not ckpt.activation.interleaved:
+        return ckpt
+    return _with_act(ckpt, interleaved=False)
+
+
+def _fp8_dtype_not_platforms(ckpt: MoECheckpoint) -> MoECheckpoint:
+    # a hard-coded e4m3fn: FNUZ codes read as FN (values halve: bias 8 vs 7)
+    return dataclasses.replace(ckpt, fp8_format=E4M3FN) if ckpt.fp8_format is E4M3FNUZ else ckpt
+
+
+def _nvfp4_global_direction(ckpt: MoECheckpoint) -> MoECheckpoint:
+    if ckpt.scheme.weight is None or ckpt.scheme.weight.kind != "nvfp4":
+        return ckpt
+    flipped = "encode" if ckpt.nvfp4_global_convention == "decode" else "decode"
+    return dataclasses.replace(ckpt, nvfp4_global_convention=flipped)
+
+
+def _static_scale_ignored(ckpt: MoECheckpoint) -> MoECheckpoint:
+    aq = ckpt.scheme.act
+    if aq is None or aq.kind != "fp8" or not aq.static:
+        return ckpt
+    return _with_scheme_act(ckpt, ActQuant("fp8", aq.elem, Granularity.PER_TOKEN, None, static=False))
+
+
+def _a2_scale_not_max(ckpt: MoECheckpoint) -> MoECheckpoint:
+    # one expert's input scale instead of the max over experts
+    if ckpt.w2_input_scale is None:
+        return ckpt
+    pick = lambda s: torch.full_like(s, float(s[0]))  # noqa: E731
+    return dataclasses.replace(ckpt, w13_input_scale=pick(ckpt.w13_input_scale), w2_input_scale=pick(ckpt.w2_input_scale))
+
+
+def _weight_only_as_w4a4(ckpt: MoECheckpoint) -> MoECheckpoint:
+    if not ckpt.scheme.weight_only:
+        return ckpt
+    return _with_scheme_act(ckpt, ActQuant("mx", ckpt.scheme.weight.elem if ckpt.scheme.weight.kind == "mx"
+                                           else E4M3FN))
+
+
+def _limit_ignored(ckpt: MoECheckpoint) -> MoECheckpoint:
+    return _with_act(ckpt, limit=1e30) if ckpt.activation.limit is not None else ckpt
+
+
+def _gelu_as_tanh(ckpt: MoECheckpoint) -> MoECheckpoint:
+    f = ckpt.activation.formula
+    return _with_act(ckpt, kind="GELU_TANH") if f == "GELU" else ckpt
+
+
+def _situ_beta_lin_dropped(ckpt: MoECheckpoint) -> MoECheckpoint:
+    return _with_act(ckpt, beta_lin=0.0) if ckpt.activation.formula == "SITU" else ckpt
+
+
+def _bias_dropped(ckpt: MoECheckpoint) -> MoECheckpoint:
+    return dataclasses.replace(ckpt, b13=None, b2=None)
+
+
+# ---- forward-level bugs ---------------------------------------------------------------------------
+
+
+def _skip_a2_qdq(base, prep, x, w, ids):
+    # quantizes GEMM1's input as the scheme says, then runs the rest as if the scheme were A16
+    aq = prep.scheme.act
+    if aq is None:
+        return base(prep, x, w, ids)
+    from reference.moe import activation_qdq, static_activation_scales
+
+    a1_scale, _ = static_activation_scales(prep)
+    a1 = activation_qdq(x.float(), aq, prep, a1_scale).to(torch.bfloat16)
+    return base(_with_scheme_act(prep, None), a1, w, ids)
+
+
+def _a1_qdq_twice_with_scale(base, prep, x, w, ids):
+    # the static input scale applied twice: x / s quantized, then treated as x again
+    aq = prep.scheme.act
+    if aq is None or not aq.static:
+        return base(prep, x, w, ids)
+    from reference.moe import static_activation_scales
+
+    a1_scale, _ = static_activation_scales(prep)
+    return base(prep, (x.float() * a1_scale).to(torch.bfloat16), w, ids)
+
+
+def _routing_weights_ignored(base, prep, x, w, ids):
+    return base(prep, x, torch.full_like(w, 1.0 / w.shape[1]), ids)
+
+
+def _renormalize_dropped(base, prep, x, w, ids):
+    # weights of the unnormalized softmax top-k: what a backend that re-derives them gets wrong
+    return base(prep, x, w * 0.9, ids)
+
+
+def _last_expert_dropped(base, prep, x, w, ids):
+    # an off-by-one over the experts that have tokens: the highest one is never computed
+    if ids.numel() == 0:
+        return base(prep, x, w, ids)
+    top = int(ids.max())
+    return base(prep, x, torch.where(ids == top, 0.0, w), ids)
+
+
+def _padded_rows_leak(base, prep, x, w, ids):
+    # padded rows (zero activations) are computed and their output (bias-only) lands on token 0
+    out = base(prep, x, w, ids)
+    if prep.b2 is None or out.shape[0] == 0:
+        return out
+    leak = prep.b2[int(ids[0, 0])].to(out.dtype)
+    out = out.clone()
+    out[0] += leak
+    return out
+
+
+def _situ_unsupported_on_gfx942(base, prep, x, w, ids):
+    if prep.activation.formula == "SITU" and prep.fp8_format is E4M3FNUZ:
+        raise NotImplementedError("SITU is not supported on gfx942")  # the AITER failure, no fallback
+    return base(prep, x, w, ids)
+
+
+def _fnuz_max_224_fwd(base, prep, x, w, ids):
+    if prep.fp8_format is not E4M3FNUZ or prep.scheme.act is None or prep.scheme.act.kind != "fp8":
+        return base(prep, x, w, ids)
+    from reference.moe import static_activation_scales
+
+    a1_scale, _ = static_activation_scales(prep)
+    if a1_scale is None:
+        return base(prep, x, w, ids)
+    clipped = torch.clamp(x.float(), -224 * float(a1_scale), 224 * float(a1_scale)).to(torch.bfloat16)
+    return base(prep, clipped, w, ids)
+
+
+# ---- quantizer entry-point bugs --------------------------------------------------------------------
+
+
+def _mx_log2_pitfall(x, elem, scale_mode):
+    q = quantize_mx(x, elem, scale_mode=scale_mode)
+    if scale_mode is not ScaleMode.FLOOR:
+        return tuple(q)
+    amax = x.float().abs().reshape(*x.shape[:-1], -1, 32).amax(-1)
+    e = torch.floor(torch.log2(amax.clamp_min(2.0**-126))).int() - elem.emax
+    scales = torch.where(amax > 0, (e.clamp(-127, 127) + 127), 0).to(torch.uint8)
+    codes = quantize_mx(x, elem).codes
+    shift = (scales.int() - 127).repeat_interleave(32, -1)
+    from reference.formats import encode
+
+    codes = torch.where(scales.repeat_interleave(32, -1) != q.scales.repeat_interleave(32, -1),
+                        encode(x.float(), elem, exp_shift=shift), codes)
+    return codes, scales
+
+
+def _mx_rceil_for_floor(x, elem, scale_mode):
+    return tuple(quantize_mx(x, elem, scale_mode=ScaleMode.RCEIL))
+
+
+MUTANTS: tuple[Mutant, ...] = (
+    Mutant("weight_only_as_w4a4", "weight-only checkpoint run as W4A4: activations quantized that must stay bf16",
+           prepare=_weight_only_as_w4a4),
+    Mutant("fp8_dtype_not_platforms", "FP8 dtype hard-coded e4m3fn instead of the platform's e4m3fnuz",
+           prepare=_fp8_dtype_not_platforms),
+    Mutant("a2_qdq_dropped", "the intermediate (a2) QDQ dropped", forward=_skip_a2_qdq),
+    Mutant("static_scale_applied_twice", "static input scale applied twice", forward=_a1_qdq_twice_with_scale),
+    Mutant("static_scale_ignored", "static input scale ignored, dynamic scale used", prepare=_static_scale_ignored),
+    Mutant("input_scale_not_max", "one expert's input scale used instead of the max over experts",
+           prepare=_a2_scale_not_max),
+    Mutant("swiglu_limit_ignored", "SwiGLU clamp limit ignored", prepare=_limit_ignored),
+    Mutant("interleaved_read_as_halves", "gpt-oss interleaved gate/up weights read as halves",
+           prepare=_interleaved_as_halves),
+    Mutant("gelu_erf_as_tanh", "erf GELU computed with the tanh approximation", prepare=_gelu_as_tanh),
+    Mutant("situ_beta_lin_dropped", "SiTU's linear-branch tanh (beta_lin) dropped", prepare=_situ_beta_lin_dropped),
+    Mutant("situ_unsupported_on_gfx942", "SITU raises on gfx942 with no fallback", forward=_situ_unsupported_on_gfx942),
+    Mutant("nvfp4_global_scale_direction", "NVFP4 global scale applied in the wrong direction",
+           prepare=_nvfp4_global_direction),
+    Mutant("fp4_nibble_order_swapped", "FP4 nibble order swapped", prepare=_swap_nibbles),
+    Mutant("bias_dropped", "expert biases dropped", prepare=_bias_dropped),
+    Mutant("routing_weights_ignored", "routing weights ignored (uniform 1/k)", forward=_routing_weights_ignored),
+    Mutant("routing_weights_scaled", "renormalization / routed scaling factor mishandled (weights off by 10%)",
+           forward=_renormalize_dropped),
+    Mutant("last_expert_dropped", "experts loop off by one: the highest expert's tokens get nothing",
+           forward=_last_expert_dropped),
+    Mutant("padded_rows_leak", "padded rows' bias-only outputs leak into token 0", forward=_padded_rows_leak),
+    Mutant("fnuz_clamped_at_224", "FNUZ activations clamped at 224 where 240 is declared", forward=_fnuz_max_224_fwd),
+    Mutant("mx_scale_log2_pitfall", "MX scale one binade off for amax just below a power of two (fp32 log2)",
+           quantize_mx=_mx_log2_pitfall),
+    Mutant("rceil_where_floor_declared", "RCEIL scales where FLOOR is declared", quantize_mx=_mx_rceil_for_floor),
+)
+
+
+# The correct base with no bug: the catalog run requires it to pass, so that a caught mutant is caught
+# for its bug and not for something the base gets wrong.
+CONTROL = Mutant("control", "no bug: the correct base every mutant wraps")
+
+
+class _MutantBackend(TorchEmulationBackend):
+    # The correct base: torch emulation with fp32 GEMM operands, so that the derived bound is the tight
+    # one (with bf16 operands it must allow 2^-8 per FP8/NVFP4 operand, which hides e.g. the 224 clamp).
+    operand_dtype = torch.float32
+
+    def __init__(self, mutant: Mutant):
+        self.mutant = mutant
+        self.name = f"mutant_{mutant.name}"
+        if mutant.quantize_mx is not None:
+            self.quantize_mx = mutant.quantize_mx
+
+    def prepare(self, ckpt):
+        return self.mutant.prepare(ckpt) if self.mutant.prepare else ckpt
+
+    def forward(self, prepared, hidden_states, topk_weights, topk_ids):
+        from harness.emulation import moe_emulation
+
+        def base(ckpt, x, w, ids):
+            return moe_emulation(x, ckpt, w, ids, operand_dtype=torch.float32, dequantize_all_experts=True)
+
+        if self.mutant.forward:
+            return self.mutant.forward(base, prepared, hidden_states, topk_weights, topk_ids)
+        return base(prepared, hidden_states, topk_weights, topk_ids)
+
+
+def make_mutant(name: str):
+    """The mutant backend `name` (pytest --backend harness.catalog:mutant_<name> loads it)."""
+    by_name = {m.name: m for m in (*MUTANTS, CONTROL)}
+    if name not in by_name:
+        raise ValueError(f"unknown mutant {name!r}; expected one of {sorted(by_name)}")
+    return _MutantBackend(by_name[name])
+
+
+def __getattr__(attr: str):
+    # `harness.catalog:mutant_<name>` is a backend factory for every mutant
+    if attr.startswith("mutant_"):
+        return lambda: make_mutant(attr.removeprefix("mutant_"))
+    raise AttributeError(attr)
+
