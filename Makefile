@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
-.PHONY: test conformance formats bench-reference clean
+.PHONY: test conformance catalog formats bench-reference clean
 
 # torch==2.13.0 (pinned in pyproject) is the CPU wheel this machine keeps on local disk; pip finds it there.
 $(STAMP): pyproject.toml
@@ -22,6 +22,10 @@ test: $(STAMP)
 conformance: $(STAMP)
 	mkdir -p report
 	$(PYTEST) --hypothesis-profile=ci -q --junitxml=report/junit.xml
+
+# every seeded-bug backend must fail the conformance suite and the correct control must pass (~3 min)
+catalog: $(STAMP)
+	$(PY) -m harness catalog --workers 2
 
 formats: $(STAMP)
 	$(PY) -m harness formats
