@@ -14,7 +14,7 @@ from reference.moe import MoETrace, fused_moe
 from reference.routing import RoutingConfig, route
 from reference.schemes import Scheme, scheme_by_name
 
-from .backends import Problem, backend_available, backend_operand_dtype
+from .backends import Problem, backend_accumulation_error, backend_available, backend_operand_dtype
 from .platforms import Platform
 from .tolerances import Comparison, compare, moe_error_bound
 
@@ -104,7 +104,7 @@ def compare_backend(backend, ckpt: MoECheckpoint, inputs, out: torch.Tensor, tra
     got = backend.forward(prepared, x, w, ids)
     if not isinstance(got, torch.Tensor) or got.dtype != torch.bfloat16:
         raise TypeError(f"{what}: forward must return a bfloat16 tensor, got {getattr(got, 'dtype', type(got))}")
-    bound = moe_error_bound(trace, ckpt, backend_operand_dtype(backend))
+    bound = moe_error_bound(trace, ckpt, backend_operand_dtype(backend), backend_accumulation_error(backend))
     return compare(out, got.cpu(), bound, f"{what}: output")
 
 

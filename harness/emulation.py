@@ -23,7 +23,12 @@ def moe_emulation(
     operand_dtype: torch.dtype = torch.bfloat16,
     k_permutation_seed: int | None = None,
     dequantize_all_experts: bool = False,
+    narrow_accumulator: tuple[int, int] | None = None,
 ) -> torch.Tensor:
+    """narrow_accumulator=(chunk, bits): accumulate like a tensor core with a narrow adder: each chunk of
+    `chunk` products along K is summed and truncated (toward zero) to `bits` significand bits before it
+    joins the fp32 sum. Its error is below 2^(1-bits) sum|a||w|: what a backend declaring
+    accumulation_error = 2^(1-bits) may do."""
     check_moe_inputs(hidden_states, ckpt, topk_weights, topk_ids)
     scheme, aq = ckpt.scheme, ckpt.scheme.act
     rnd = scheme.rounding
@@ -41,7 +46,15 @@ def moe_emulation(
         if gen is not None:  # a different accumulation order: permute the reduction dim
             perm = torch.randperm(a.shape[-1], generator=gen)
             a, w = a[:, perm], w[:, perm]
-        return a @ w.T
+        if narrow_accumulator is None:
+            return a @ w.T
+        chunk, bits = narrow_accumulator
+        acc = torch.zeros(a.shape[0], w.shape[0], dtype=torch.float32)
+        for k0 in range(0, a.shape[-1], chunk):
+            part = a[:, k0 : k0 + chunk].double() @ w[:, k0 : k0 + chunk].double().T
+            mant, exp = torch.frexp(part)  # |mant| in [0.5, 1): keep `bits` bits of it
+            acc += torch.ldexp(torch.trunc(torch.ldexp(mant, torch.tensor(bits))), exp - bits).float()
+        return acc
 
     out = torch.zeros(t * k, hsz, dtype=torch.float32)
     flat_ids = topk_ids.reshape(-1)

@@ -5,7 +5,9 @@ The MoE bound (moe_error_bound) follows the reference trace stage by stage, for 
 same inputs and quantizes activations bit-exactly but may accumulate in any order in fp32, may feed its
 GEMMs bf16 operands where the dequantized values are not exactly bf16 (derived from the data), and
 rounds to bf16 at the scheme's rounding points:
-  GEMM      |h' - h| <= (2u_op + u_op^2 + gamma_{K+4}) sum|w||a| + sum|w| d_a           (Higham 3.5)
+  GEMM      |h' - h| <= (2u_op + u_op^2 + gamma_{K+4} + e_acc) sum|w||a| + sum|w| d_a   (Higham 3.5)
+            e_acc: 0 for fp32 accumulation; a backend whose hardware accumulator is narrower than fp32
+            declares its relative error on sum|w||a| (Hopper's FP8 tensor cores: see torch_fp8)
   rounding  |rnd(h') - rnd(h)| <= (1 + u) |h' - h| + 2u|h|(1 + u)                      u = 2^-8 for bf16
   activation phi(g) psi(u): |d phi| <= L d_g (L = sup|phi'|, derived numerically; RELU2: (2|g| + d_g) d_g),
             |d psi| <= d_u (clamps, tanh-scaling and +1 are 1-Lipschitz),
@@ -163,16 +165,16 @@ def _through_rounding(d: torch.Tensor, pre: torch.Tensor, enabled: bool) -> torc
     return torch.maximum(round_bf16(pre + d) - r, r - round_bf16(pre - d))
 
 
-def _gemm_bound(w: torch.Tensor, a: torch.Tensor, d_a: torch.Tensor | None, bias, u_op: float):
-    """Per-output bound of a' @ w.T computed in fp32 from operands each possibly rounded with unit u_op
-    (0 where the operands are exact), plus the reference's own float64 accumulation error. The sum has
-    K products, the bias, and up to three scale multiplications per partial sum (activation, weight
-    block or tensor scale, expert scale): gamma_{K+4}."""
+def _gemm_bound(w: torch.Tensor, a: torch.Tensor, d_a: torch.Tensor | None, bias, u_op: float, e_acc: float):
+    """Per-output bound of a' @ w.T computed in fp32 (plus e_acc sum|w||a| for a narrower accumulator)
+    from operands each possibly rounded with unit u_op (0 where the operands are exact), plus the
+    reference's own float64 accumulation error. The sum has K products, the bias, and up to three scale
+    multiplications per partial sum (activation, weight block or tensor scale, expert scale): gamma_{K+4}."""
     k = w.shape[-1]
     s = a.abs() @ w.abs().T
     if bias is not None:
         s = s + bias.abs()
-    err = (2 * u_op + u_op * u_op + gamma(k + 4) + gamma(k + 1, U_FP64)) * s
+    err = (2 * u_op + u_op * u_op + gamma(k + 4) + e_acc + gamma(k + 1, U_FP64)) * s
     if d_a is not None:
         err = err + d_a @ w.abs().T
     return err
@@ -251,16 +253,22 @@ def _fp8_half_step(mag: torch.Tensor, scale: torch.Tensor, fmt: FloatFormat) -> 
     return 2.0 ** (e - fmt.mbits) * scale.double()  # a full step: covers rounding of the log2 estimate
 
 
-def moe_error_bound(trace: MoETrace, ckpt: MoECheckpoint, operand_dtype: torch.dtype = torch.float32) -> ErrorBound:
+def moe_error_bound(trace: MoETrace, ckpt: MoECheckpoint, operand_dtype: torch.dtype = torch.float32,
+                    accumulation_error: float = 0.0) -> ErrorBound:
     """Per-element bound on |kernel output - reference output| (both bf16), from the reference trace.
 
     operand_dtype: what the kernel feeds its GEMMs. float32: operands are the reference's fp32 values,
     or code values with their scales applied to fp32 partial sums (an fp32 rounding's worth of
     difference, u_fp32). bfloat16: the kernel may round dequantized weights/activations to bf16, which
     costs u_bf16 per operand. Either way only where the operands are not exactly bf16 (decided from the
-    data: MX values always are; NVFP4 and FP8 values times fp32 scales are not)."""
+    data: MX values always are; NVFP4 and FP8 values times fp32 scales are not).
+    accumulation_error: what the kernel's GEMM accumulation may add to fp32 accumulation's error, relative
+    to sum|w||a|: 0 for an fp32 accumulator; a backend on a narrower hardware accumulator declares it."""
     if operand_dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"operand_dtype must be float32 or bfloat16, got {operand_dtype}")
+    if not 0.0 <= accumulation_error < 1:
+        raise ValueError(f"accumulation_error must be in [0, 1), got {accumulation_error!r}")
+    e_acc = accumulation_error
     scheme, act, aq = ckpt.scheme, ckpt.activation, ckpt.scheme.act
     rnd = scheme.rounding
     unit = U_BF16 if operand_dtype == torch.bfloat16 else U_FP32
@@ -271,7 +279,7 @@ def moe_error_bound(trace: MoETrace, ckpt: MoECheckpoint, operand_dtype: torch.d
         rows = (trace.pair_expert == e).nonzero().flatten()
         a1 = trace.a1[trace.pair_token[rows]]
         b13 = ckpt.b13[e].double() if ckpt.b13 is not None else None
-        d_h = _through_rounding(_gemm_bound(trace.w13[e], a1, None, b13, u1), trace.h_pre[rows], rnd.gemm1_out)
+        d_h = _through_rounding(_gemm_bound(trace.w13[e], a1, None, b13, u1, e_acc), trace.h_pre[rows], rnd.gemm1_out)
         h = trace.h[rows]
         # activation, on the factors phi(gate) * psi(up) with h split the way the activation splits it
         phi, psi = gate_and_up(h, act)
@@ -294,7 +302,7 @@ def moe_error_bound(trace: MoETrace, ckpt: MoECheckpoint, operand_dtype: torch.d
         else:
             d_a2 = requantization_deviation(y, d_y, trace.a2[rows], aq, ckpt, trace.a2_scale)
         b2 = ckpt.b2[e].double() if ckpt.b2 is not None else None
-        dz = _gemm_bound(trace.w2[e], trace.a2[rows], d_a2, b2, u2)
+        dz = _gemm_bound(trace.w2[e], trace.a2[rows], d_a2, b2, u2, e_acc)
         d_z[rows] = _through_rounding(dz, trace.z_pre[rows], rnd.gemm2_out)
     (t, hsz), k = trace.out.shape, trace.top_k
     w = trace.pair_weight.abs()[:, None]

@@ -210,3 +210,23 @@ def test_the_bound_never_fails_a_correct_computation(scheme, act, seed, tokens, 
                             dequantize_all_experts=dequantize_all)
         c = compare(out, got, moe_error_bound(trace, ckpt, operand_dtype), f"{scheme}/{act}: output")
         assert c.ok, c.message()
+
+
+
+def test_a_declared_narrow_accumulator_is_allowed_exactly_what_it_declares():
+    """A kernel whose k-chunk sums keep only 12 significand bits (a narrow tensor-core adder, as on
+    Hopper's FP8 path) passes every case once it declares accumulation_error = 2^-11, and the same kernel
+    without the declaration is caught: the declaration is what lets it through, not slack in the bound."""
+    caught = []
+    for scheme in ("w_fp8_a_fp8", "w_mxfp4_a_fp8", "w_mxfp8", "w_nvfp4_a_nvfp4"):
+        for act in ("SILU", "RELU2_NO_MUL", "GELU"):
+            ckpt = make_checkpoint(scheme, act, E, H, I, seed=5)
+            x, w, ids = _inputs(seed=5)
+            out, trace = fused_moe(x, ckpt, w, ids, trace=True)
+            got = moe_emulation(x, ckpt, w, ids, operand_dtype=torch.float32, narrow_accumulator=(32, 12))
+            bound = moe_error_bound(trace, ckpt, torch.float32, accumulation_error=2.0**-11)
+            declared = compare(out, got, bound, f"{scheme}/{act}")
+            assert declared.ok, declared.message()
+            if not compare(out, got, moe_error_bound(trace, ckpt, torch.float32), f"{scheme}/{act}").ok:
+                caught.append(f"{scheme}/{act}")
+    assert len(caught) == 12, f"the undeclared narrow accumulator was caught only in {caught}"

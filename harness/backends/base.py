@@ -10,6 +10,8 @@ Optional:
   available(platform) -> (ok, reason)   can it run here, now (device, packages)? default: yes
   operand_dtype: torch.dtype            float32 (default) or bfloat16 if it rounds dequantized GEMM
                                         operands to bf16; the derived bound depends on it
+  accumulation_error: float             0 (default) for fp32 GEMM accumulation; else the extra error of its
+                                        hardware accumulator relative to sum|a||w| (see torch_fp8)
   quantize_mx(x, elem, scale_mode) -> (codes, scales)              quantizer entry points, checked
   quantize_nvfp4(x, global_decode_scale) -> (codes, block_scales)  bit-exactly against the reference
   quantize_fp8(x, fmt, granularity, block_shape, scale) -> (codes, scale)
@@ -26,7 +28,7 @@ from reference.activations import Activation
 from reference.checkpoints import MoECheckpoint
 from reference.schemes import Scheme
 
-__all__ = ["Problem", "Backend", "backend_operand_dtype", "backend_available"]
+__all__ = ["Problem", "Backend", "backend_operand_dtype", "backend_accumulation_error", "backend_available"]
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,10 @@ class Backend(Protocol):
 
 def backend_operand_dtype(backend) -> torch.dtype:
     return getattr(backend, "operand_dtype", torch.float32)
+
+
+def backend_accumulation_error(backend) -> float:
+    return getattr(backend, "accumulation_error", 0.0)
 
 
 def backend_available(backend, platform) -> tuple[bool, str]:
