@@ -3,11 +3,13 @@
 #   make conformance  set up if needed, run the conformance suites on this machine's platform, write report/
 PYTHON ?= python3
 VENV   ?= .venv
-PY     := $(VENV)/bin/python
+PY     ?= $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST := $(PY) -m pytest -p no:cacheprovider
+# On a machine that brings its own torch (the GPU images): make conformance PY=python3 SETUP=
+SETUP  ?= $(STAMP)
 
-.PHONY: test conformance catalog formats bench-reference clean
+.PHONY: test conformance browser catalog formats bench-reference clean
 
 # torch==2.13.0 (pinned in pyproject) is the CPU wheel this machine keeps on local disk; pip finds it there.
 $(STAMP): pyproject.toml
@@ -16,21 +18,30 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[test,torchao]'
 	touch $(STAMP)
 
-test: $(STAMP)
-	$(PYTEST) --hypothesis-profile=ci -q -n auto
+# The HTML report is checked in a real browser: Debian's chromium, installed here when missing.
+test: $(SETUP) browser
+	MOE_CONFORMANCE_REQUIRE_BROWSER=1 $(PYTEST) --hypothesis-profile=ci -q -n auto
 
-conformance: $(STAMP)
-	mkdir -p report
-	$(PYTEST) --hypothesis-profile=ci -q --junitxml=report/junit.xml
+# This machine's platform (cpu, sm90, ...) decides the cases: `pytest -m <platform>`. The report
+# (summary.md, index.html, results.json, histograms/, junit.xml) lands in report/ even when cases fail.
+conformance: $(SETUP)
+	rm -rf report && mkdir -p report
+	$(PYTEST) suites/test_conformance.py --hypothesis-profile=ci -n auto \
+		-m "$$($(PY) -m harness platforms --host)" --report=report --junitxml=report/junit.xml
+
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+		SUDO=$$(command -v sudo >/dev/null 2>&1 && [ "$$(id -u)" != 0 ] && echo sudo); \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends chromium; }
 
 # every seeded-bug backend must fail the conformance suite and the correct control must pass (~3 min)
-catalog: $(STAMP)
+catalog: $(SETUP)
 	$(PY) -m harness catalog --workers 2
 
-formats: $(STAMP)
+formats: $(SETUP)
 	$(PY) -m harness formats
 
-bench-reference: $(STAMP)
+bench-reference: $(SETUP)
 	$(PY) -m harness bench-reference
 
 clean:

@@ -33,6 +33,8 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 PLATFORM_MARKERS = ("cpu", "sm90", "sm100", "gfx942", "gfx950")
 
+pytest_plugins = ["harness.pytest_plugin"]  # --report DIR: the conformance report
+
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # One thread per xdist worker: workers x torch threads on few cores thrash (seen: 2x slower).
     import torch

@@ -59,10 +59,13 @@ def _schemes(_args) -> int:
     return 0
 
 
-def _platforms(_args) -> int:
+def _platforms(args) -> int:
     from harness.platforms import PLATFORMS, host_info
 
     host = host_info()
+    if args.host:  # for scripts: `pytest -m "$(python -m harness platforms --host)"`
+        print(host.platform.name)
+        return 0
     for p in PLATFORMS.values():
         here = "  <- this machine" if p is host.platform else ""
         native = ",".join(sorted(p.native_formats)) or "-"
@@ -145,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--all", action="store_true", help="every platform")
             p.add_argument("--write", action="store_true", help="rewrite the checked-in table")
             p.add_argument("--backend", action="append", default=[], help="extra backend module:factory")
+        if name == "platforms":
+            p.add_argument("--host", action="store_true", help="print only this machine's platform name")
         if name == "catalog":
             p.add_argument("--workers", default="auto")
         if name == "bench-reference":

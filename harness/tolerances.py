@@ -94,8 +94,12 @@ class Comparison:
     expected: float | None = None
     got: float | None = None
     bound: float | None = None
-    ulps: float | None = None  # |got - expected| in bf16 ulps of expected
+    ulps: float | None = None  # |got - expected| in bf16 ulps of expected, at the worst index
     max_ratio: float = 0.0  # max |got - expected| / bound (<= 1 passes)
+    worst_ulps: float = 0.0  # max |got - expected| in bf16 ulps of expected, over every element
+    # counts of |got - expected| / bound per element: [exact, < 2^RATIO_LOG2_MIN, one per binade
+    # 2^RATIO_LOG2_MIN .. 2^RATIO_LOG2_MAX, >= 2^RATIO_LOG2_MAX (or bound 0 and a difference)]
+    ratio_histogram: tuple[int, ...] = ()
 
     def message(self) -> str:
         if self.ok:
@@ -117,6 +121,19 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
     return dense.view(torch.uint8).reshape(*t.shape, -1) if t.numel() else dense
 
 
+RATIO_LOG2_MIN, RATIO_LOG2_MAX = -16, 4
+
+
+def ratio_histogram(ratio: torch.Tensor) -> tuple[int, ...]:
+    """Binned |got - expected| / bound (see Comparison.ratio_histogram)."""
+    r = ratio.flatten().double()
+    exact = int((r == 0).sum())
+    nz = r[r > 0]
+    b = torch.floor(torch.log2(nz)).clamp(RATIO_LOG2_MIN - 1, RATIO_LOG2_MAX) - (RATIO_LOG2_MIN - 1)
+    counts = torch.bincount(b.long(), minlength=RATIO_LOG2_MAX - RATIO_LOG2_MIN + 2)
+    return (exact, *map(int, counts.tolist()))
+
+
 def compare(expected: torch.Tensor, got: torch.Tensor, tolerance: Exact | ErrorBound, what: str) -> Comparison:
     """Compare and describe; the caller asserts on .ok with .message()."""
     if tuple(got.shape) != tuple(expected.shape):
@@ -135,14 +152,18 @@ def compare(expected: torch.Tensor, got: torch.Tensor, tolerance: Exact | ErrorB
     ratio = torch.where(bound > 0, diff / bound, torch.where(diff > 0, torch.inf, 0.0))
     ratio = torch.where(torch.isnan(ratio), torch.inf, ratio)
     max_ratio = float(ratio.max()) if ratio.numel() else 0.0
+    finite = torch.isfinite(expected.double())
+    ulps_all = torch.where(finite, diff / bf16_ulp(expected), torch.where(diff == 0, 0.0, torch.inf))
+    worst_ulps = float(torch.nan_to_num(ulps_all, nan=torch.inf).max()) if diff.numel() else 0.0
+    extra = dict(max_ratio=max_ratio, worst_ulps=worst_ulps, ratio_histogram=ratio_histogram(ratio))
     if n_bad == 0:
-        return Comparison(True, what, 0, expected.numel(), max_ratio=max_ratio)
+        return Comparison(True, what, 0, expected.numel(), **extra)
     flat = int(torch.argmax(torch.where(bad, ratio, -1.0)))
     idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), expected.shape))
     exp_v, got_v = float(expected[idx]), float(got[idx])
     return Comparison(
         False, what, n_bad, expected.numel(), idx, exp_v, got_v, float(bound[idx]),
-        float(diff[idx] / bf16_ulp(expected[idx])), max_ratio,
+        float(diff[idx] / bf16_ulp(expected[idx])), **extra,
     )
 
 

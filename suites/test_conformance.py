@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from harness.conformance import SHAPES, _checkpoint, case_inputs, compare_backend, problem_for, run_case
 from harness.platforms import PLATFORMS, detect_platform
+from harness.report import CASE_PROPERTY, case_properties
 from harness.strategies import mx_tensor
 from harness.tolerances import Exact, compare
 from reference.activations import ACTIVATIONS
@@ -26,8 +27,9 @@ def _shape():
     return SHAPES["gpu" if detect_platform().is_gpu else "cpu"]
 
 
-def test_conformance(conformance_case, backends):
+def test_conformance(conformance_case, backends, record_property):
     result = run_case(backends[conformance_case.backend_name], conformance_case, _shape())
+    record_property(CASE_PROPERTY, case_properties(result))  # for the report (harness.pytest_plugin)
     assert result.ok, result.message()
 
 

@@ -1,0 +1,142 @@
+"""pytest side of the conformance report: `pytest --report DIR` collects every conformance case's outcome
+(through xdist: the case test records its numbers with record_property, which travels with the test
+report to the controller and into JUnit), prints a per platform x backend table at the end of the run,
+and writes DIR/ (harness.report). Loaded by the project's conftest.py."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import platform as _py_platform
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from .report import CASE_PROPERTY, CaseResult, parse_case_id, write_report
+
+CASE_TEST = "test_conformance["  # the parametrized case test in suites/test_conformance.py
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("moe-conformance")
+    group.addoption("--report", metavar="DIR", default=None,
+                    help="write the conformance report (Markdown, HTML, JSON, histograms) into DIR")
+
+
+class _Collector:
+    def __init__(self, out_dir: Path):
+        self.out_dir = out_dir
+        self.cases: dict[str, CaseResult] = {}
+        self.other = Counter()
+        self.other_failures: list[dict] = []
+        self.written: dict[str, Path] = {}
+
+    @staticmethod
+    def _case_id(nodeid: str) -> str | None:
+        if CASE_TEST not in nodeid:
+            return None
+        return nodeid.split(CASE_TEST, 1)[1].rsplit("]", 1)[0]
+
+    @staticmethod
+    def _first_line(report) -> str:
+        if report.skipped and isinstance(report.longrepr, tuple):
+            return str(report.longrepr[2]).removeprefix("Skipped: ")
+        text = getattr(report, "longreprtext", "") or ""
+        # pytest's assertion text: the message is the line starting with "E   "; keep the first one
+        for line in text.splitlines():
+            if line.startswith("E   "):
+                return line[4:].strip()
+        return text.strip().splitlines()[-1] if text.strip() else ""
+
+    def pytest_runtest_logreport(self, report):
+        case_id = self._case_id(report.nodeid)
+        if case_id is None:
+            self._other(report)
+            return
+        platform, scheme, act, backend = parse_case_id(case_id)
+        if report.when == "setup" and report.skipped:
+            outcome = "skipped"
+        elif report.when == "setup" and report.failed or report.when == "teardown" and report.failed:
+            outcome = "error"
+        elif report.when == "call":
+            outcome = "passed" if report.passed else "failed"
+        else:
+            return
+        r = CaseResult(platform, scheme, act, backend, outcome, reason="" if outcome == "passed" else self._first_line(report),
+                       seconds=report.duration)
+        for key, value in report.user_properties:
+            if key == CASE_PROPERTY:
+                numbers = json.loads(value)
+                r.worst_ulps, r.max_ratio = numbers["worst_ulps"], numbers["max_ratio"]
+                r.n_bad, r.n_total, r.ratio_histogram = numbers["n_bad"], numbers["n_total"], numbers["ratio_histogram"]
+        self.cases[case_id] = r
+
+    def _other(self, report):
+        if report.when == "call":
+            self.other[report.outcome] += 1
+        elif report.skipped:
+            self.other["skipped"] += 1
+        elif report.failed:
+            self.other["error"] += 1
+        else:
+            return
+        if report.failed:
+            self.other_failures.append(dict(nodeid=report.nodeid, message=self._first_line(report)))
+
+    def meta(self, config) -> dict:
+        from .platforms import host_info
+
+        host = host_info()
+        try:
+            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                    check=True).stdout.strip()
+            if subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True).stdout.strip():
+                commit += " (with local changes)"
+        except (OSError, subprocess.CalledProcessError):
+            commit = "unknown (no git)"
+        other = ", ".join(f"{n} {k}" for k, n in sorted(self.other.items())) or "none"
+        return dict(platform=host.platform.name, device=host.device_name, torch=host.torch_version,
+                    triton=host.triton_version, python=_py_platform.python_version(), commit=commit,
+                    date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                    command="pytest " + " ".join(sys.argv[1:]) if sys.argv else "pytest",
+                    hypothesis_profile=config.getoption("--hypothesis-profile", None) or "",
+                    other_tests=other, other_failures=self.other_failures)
+
+    def pytest_sessionfinish(self, session):
+        from .oracle import all_platforms, format_oracle_table
+
+        dispatch = format_oracle_table(all_platforms(), session.config.moe_backends)
+        self.written = write_report(list(self.cases.values()), self.out_dir, self.meta(session.config), dispatch)
+
+    def pytest_terminal_summary(self, terminalreporter):
+        tr = terminalreporter
+        tr.section("conformance summary")
+        table: dict[tuple[str, str], Counter] = {}
+        worst: dict[tuple[str, str], float] = {}
+        for r in self.cases.values():
+            table.setdefault((r.platform, r.backend), Counter())[r.outcome] += 1
+            if r.worst_ulps is not None:
+                worst[(r.platform, r.backend)] = max(worst.get((r.platform, r.backend), 0.0), r.worst_ulps)
+        tr.write_line(f"{'platform':<8} {'backend':<34} {'passed':>6} {'failed':>6} {'skipped':>7} {'worst ulps':>10}")
+        for (p, b), c in sorted(table.items()):
+            if c["passed"] + c["failed"] + c["error"] == 0:
+                continue
+            w = worst.get((p, b))
+            tr.write_line(f"{p:<8} {b:<34} {c['passed']:>6} {c['failed'] + c['error']:>6} {c['skipped']:>7} "
+                          f"{'' if w is None else f'{w:.3g}':>10}")
+        skipped_only = sum(1 for c in table.values() if c["passed"] + c["failed"] + c["error"] == 0)
+        if skipped_only:
+            tr.write_line(f"({skipped_only} platform x backend pairs only skipped: reasons in the report)")
+        for kind, path in self.written.items():
+            if not kind.startswith("histogram:"):
+                tr.write_line(f"report {kind}: {path}")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config):
+    out = config.getoption("--report", None)
+    if out and not hasattr(config, "workerinput"):  # the controller (or a run without xdist) writes it
+        config.pluginmanager.register(_Collector(Path(out)), "moe-conformance-report")

@@ -1,0 +1,103 @@
+"""The conformance report: `pytest --report DIR` records what ran and how it ended, a wrong backend shows
+up as failed with its numbers, and the HTML page renders in a real headless browser (Debian's Chromium;
+`make test` installs it and requires it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.report import CaseResult, load_results, write_report
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--hide-scrollbars"]
+
+
+def _histogram(exact: int, near: int, over: int = 0) -> list[int]:
+    h = [0] * 22
+    h[0], h[15], h[18] = exact, near, over  # exact, 2^-3 x bound, 2^0 (over the bound)
+    return h
+
+
+SAMPLE = [
+    CaseResult("cpu", "w_mxfp4", "SILU", "good", "passed", worst_ulps=1.0, max_ratio=0.25, n_total=1024,
+               ratio_histogram=_histogram(1000, 24)),
+    CaseResult("cpu", "w_mxfp4", "SILU", "bad", "failed", reason="w_mxfp4/SILU/bad/cpu: output: 3 of 1024 elements out of bound",
+               worst_ulps=13.0, max_ratio=4.5, n_bad=3, n_total=1024, ratio_histogram=_histogram(990, 31, 3)),
+    CaseResult("cpu", "w_fp8_a_fp8", "GELU", "good", "skipped", reason="good: cpu has no FP8 matrix units"),
+    CaseResult("sm90", "w_mxfp4", "SILU", "good", "skipped", reason="good on this cpu machine: needs a GPU"),
+]
+META = dict(platform="cpu", device="cpu", torch="x", triton="y", python="3", commit="abc", date="today",
+            command="pytest --report", other_tests="5 passed", other_failures=[])
+
+
+def test_report_files_hold_every_case_and_round_trip(tmp_path):
+    paths = write_report(SAMPLE, tmp_path, META, "cpu w_mxfp4 SILU -> good\n")
+    results, meta, dispatch = load_results(paths["json"])
+    assert sorted(r.key for r in results) == sorted(r.key for r in SAMPLE) and meta == META
+    assert "-> good" in dispatch
+    md = paths["markdown"].read_text()
+    assert "| cpu | bad | 0 | 1 | 0 | 13 |" in md and "| cpu | good | 1 | 0 | 1 | 1 |" in md
+    assert "**FAILED** 13 ulp" in md and "pass 1 ulp (0.25)" in md
+    assert "good: cpu has no FP8 matrix units" in md  # the skip reason, counted
+    assert (tmp_path / "histograms" / "w_mxfp4.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    page = paths["html"].read_text()
+    assert "data:image/png;base64," in page and "src='histograms/" not in page  # self-contained
+
+
+def test_pytest_report_option_records_a_wrong_backend_as_failed(tmp_path):
+    out = tmp_path / "report"
+    cmd = [sys.executable, "-m", "pytest", "suites/test_conformance.py", "-q", "-p", "no:cacheprovider",
+           "-p", "no:randomly", "--hypothesis-profile=ci", f"--report={out}", f"--junitxml={out}/junit.xml",
+           "--backend", "torch_emulation", "--backend", "examples.wrong_backend:make_backend",
+           "-k", "test_conformance[ and w_mxfp4_a_mxfp4/SILU/ and cpu"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # the wrong backend fails
+    assert "conformance summary" in proc.stdout
+    cases = {(c["backend"], c["platform"]): c for c in json.loads((out / "results.json").read_text())["cases"]}
+    good, bad = cases[("torch_emulation", "cpu")], cases[("wrong_example", "cpu")]
+    assert good["outcome"] == "passed" and good["max_ratio"] <= 1 and sum(good["ratio_histogram"]) == good["n_total"]
+    assert bad["outcome"] == "failed" and bad["max_ratio"] > 1 and bad["n_bad"] > 0
+    assert "out of bound" in bad["reason"] and "wrong_example" in bad["reason"]
+    assert (out / "junit.xml").exists() and (out / "histograms" / "w_mxfp4_a_mxfp4.png").exists()
+
+
+def _needs_chromium():
+    if CHROMIUM:
+        return
+    if os.environ.get("MOE_CONFORMANCE_REQUIRE_BROWSER"):
+        pytest.fail("Chromium is required here (make test installs Debian's chromium package) but is not on PATH")
+    pytest.skip("no Chromium on this machine (Debian package chromium; make test installs it)")
+
+
+def _chromium(args: list[str], profile: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_html_report_renders_in_headless_chromium(tmp_path):
+    _needs_chromium()
+    paths = write_report(SAMPLE, tmp_path / "report", META, "cpu w_mxfp4 SILU -> good\n")
+    url = paths["html"].resolve().as_uri()
+    dom = _chromium(["--virtual-time-budget=3000", "--dump-dom", url], tmp_path / "profile1")
+    assert "<table id=\"summary\"" in dom.stdout, dom.stderr[-2000:]
+    # every embedded histogram decoded in the browser (set by the page's own load handler)
+    assert 'data-images="1"' in dom.stdout and 'data-images-decoded="1"' in dom.stdout, dom.stdout[-1500:]
+    shot = tmp_path / "shot.png"
+    _chromium([f"--screenshot={shot}", "--window-size=1200,900", url], tmp_path / "profile2")
+    import matplotlib.image
+
+    pixels = matplotlib.image.imread(shot)[..., :3]
+    assert pixels.shape[:2] == (900, 1200)
+    colours = {tuple(round(float(c) * 255) for c in px) for px in pixels.reshape(-1, 3)[::7]}
+    assert (0xF8, 0xD4, 0xD4) in colours, "the failed case's red cell is not on the screen"
+    assert (0xDF, 0xF3, 0xE0) in colours, "the passed case's green cell is not on the screen"
