@@ -24,9 +24,12 @@ test: $(SETUP) browser
 
 # This machine's platform (cpu, sm90, ...) decides the cases: `pytest -m <platform>`. The report
 # (summary.md, index.html, results.json, histograms/, junit.xml) lands in report/ even when cases fail.
+# PROFILE=nightly SUITES=suites is the nightly GPU leg (every suite, many examples, database written).
+PROFILE ?= ci
+SUITES  ?= suites/test_conformance.py
 conformance: $(SETUP)
 	rm -rf report && mkdir -p report
-	$(PYTEST) suites/test_conformance.py --hypothesis-profile=ci -n auto \
+	$(PYTEST) $(SUITES) --hypothesis-profile=$(PROFILE) -n auto \
 		-m "$$($(PY) -m harness platforms --host)" --report=report --junitxml=report/junit.xml
 
 browser:

@@ -3,7 +3,9 @@
 Profiles (pick with --hypothesis-profile NAME; `make test` uses ci):
   dev      quick local runs, random, database in .hypothesis/
   ci       derandomized and bounded so that `make test` fits CI's budget; no database writes
-  nightly  many examples, database written (share .hypothesis/examples between runs, e.g. as a CI cache)
+  nightly  many examples, target() on the normalised error, database written (.hypothesis/examples; the
+           nightly workflow keeps it per platform as an artifact, and MOE_CONFORMANCE_SHARED_DB=owner/repo
+           multiplexes those artifacts read-only into local dev runs)
 Backends: every registered one (built-ins and the `moe_conformance.backends` entry points), or only
 those named with --backend NAME|module:factory (repeatable).
 Markers: a test of platform-independent truths (the reference) holds on every platform and carries
@@ -18,10 +20,30 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 
+def _shared_database(local):
+    """The local database, plus - read-only - every nightly leg's uploaded database when
+    MOE_CONFORMANCE_SHARED_DB=owner/repo is set (and GITHUB_TOKEN: Hypothesis's GitHubArtifactDatabase):
+    a failure the nightly GPU matrix found replays in the next local run."""
+    repo = os.environ.get("MOE_CONFORMANCE_SHARED_DB")
+    if not repo:
+        return local
+    from hypothesis.database import GitHubArtifactDatabase, MultiplexedDatabase, ReadOnlyDatabase
+
+    from harness.matrix import nightly_matrix
+
+    owner, _, name = repo.partition("/")
+    shared = [ReadOnlyDatabase(GitHubArtifactDatabase(owner, name, artifact_name=leg["hypothesis-db"]))
+              for leg in nightly_matrix()["include"]]
+    return MultiplexedDatabase(local, *shared)
+
+
+# nightly writes here; the nightly workflow restores the previous night's copy before the run and
+# uploads it after (per platform)
 _DB = DirectoryBasedExampleDatabase(os.environ.get("MOE_CONFORMANCE_HYPOTHESIS_DB", ".hypothesis/examples"))
 _SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large]
 
-settings.register_profile("dev", max_examples=50, deadline=None, database=_DB, suppress_health_check=_SLOW_OK)
+settings.register_profile("dev", max_examples=50, deadline=None, database=_shared_database(_DB),
+                          suppress_health_check=_SLOW_OK)
 settings.register_profile(
     "ci", max_examples=60, deadline=None, derandomize=True, database=None, print_blob=True,
     suppress_health_check=_SLOW_OK,

@@ -128,12 +128,20 @@ def _catalog(args) -> int:
     return 1 if missed or control_failed else 0
 
 
+def _matrix(_args) -> int:
+    from harness.matrix import nightly_matrix_json
+
+    print(nightly_matrix_json())
+    return 0
+
+
 COMMANDS = {
     "formats": (_formats, "every element format: bias, max normal, min normal/subnormal, Inf/NaN policy"),
     "platforms": (_platforms, "every platform: FP8 dtype, native formats, backend priorities; which one is this machine"),
     "oracle": (_oracle, "scheme x activation -> chosen backend (or why none) on a platform"),
     "schemes": (_schemes, "every quantization scheme with its weight and activation formats"),
     "catalog": (_catalog, "run the conformance suite on every seeded-bug mutant; which test caught each"),
+    "matrix": (_matrix, "the nightly GPU CI matrix (JSON for GitHub Actions' strategy.matrix), from the platform data"),
     "bench-reference": (_bench_reference, "CPU throughput of the reference quantizers"),
 }
 

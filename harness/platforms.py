@@ -28,6 +28,11 @@ class Platform:
     marker: str = ""
 
     @property
+    def runner_labels(self) -> tuple[str, ...]:
+        """Self-hosted CI runner labels of a machine of this platform (the nightly matrix uses them)."""
+        return ("self-hosted", "linux", self.vendor, self.name) if self.is_gpu else ("ubuntu-latest",)
+
+    @property
     def fp8_dtype(self) -> torch.dtype:
         return {E4M3FN: torch.float8_e4m3fn, E4M3FNUZ: torch.float8_e4m3fnuz}[self.fp8_format]
 

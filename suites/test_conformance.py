@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import assume, given, settings
+from hypothesis import assume, example, given, note, settings, target
 from hypothesis import strategies as st
 
 from harness.conformance import SHAPES, _checkpoint, case_inputs, compare_backend, problem_for, run_case
@@ -45,18 +45,25 @@ def _runnable(backend):
 
 @settings(max_examples=12)
 @given(
-    data=st.data(),
+    case=st.integers(0, 2**16),
     seed=st.integers(0, 2**16),
     tokens=st.integers(0, 10),
     routing=st.sampled_from(["random", "all_to_one", "skip_experts"]),
 )
-def test_conformance_hypothesis(backend_name, backends, data, seed, tokens, routing):
-    """Random problems, token counts (zero included) and skewed routing for each backend."""
+# Pinned corner inputs, run for every backend in every profile; a failure the nightly database finds
+# gets its @example here too (the database alone is not in git).
+@example(case=0, seed=0, tokens=0, routing="random")  # zero tokens: an empty launch grid
+@example(case=7, seed=3, tokens=1, routing="all_to_one")  # one token on experts 0..k-1
+@example(case=11, seed=5, tokens=10, routing="skip_experts")  # experts 0..E-k-1 get no token
+def test_conformance_hypothesis(backend_name, backends, case, seed, tokens, routing):
+    """Random problems, token counts (zero included) and skewed routing for each backend. Under the
+    nightly profile, target() steers generation toward the largest error relative to the bound."""
     backend = backends[backend_name]
     runnable = _runnable(backend)
     if not runnable:
         pytest.skip(f"{backend_name} can run nothing on this machine")
-    scheme, act, platform = data.draw(st.sampled_from(runnable), label="scheme/activation/platform")
+    scheme, act, platform = runnable[case % len(runnable)]
+    note(f"case: {scheme}/{act}/{platform}")
     p = PLATFORMS[platform]
     shape = _shape()
     ckpt = _checkpoint(scheme, act, p.fp8_format.name, shape, seed % 4)
@@ -67,6 +74,7 @@ def test_conformance_hypothesis(backend_name, backends, data, seed, tokens, rout
         ids = torch.arange(shape.num_experts - shape.top_k, shape.num_experts).repeat(tokens, 1)
     out, trace = fused_moe(x, ckpt, w, ids, trace=True)
     result = compare_backend(backend, ckpt, (x, w, ids), out, trace, f"{scheme}/{act}/{backend_name}/{platform}")
+    target(min(result.max_ratio, 1e6), label="worst |kernel - reference| / bound")
     assert result.ok, result.message()
 
 
