@@ -39,7 +39,7 @@ browser:
 
 # every seeded-bug backend must fail the conformance suite and the correct control must pass (~3 min)
 catalog: $(SETUP)
-	$(PY) -m harness catalog --workers 2
+	$(PY) -m harness catalog
 
 formats: $(SETUP)
 	$(PY) -m harness formats

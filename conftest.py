@@ -79,27 +79,18 @@ def pytest_configure(config):
 
 def pytest_generate_tests(metafunc):
     if "conformance_case" in metafunc.fixturenames or "backend_name" in metafunc.fixturenames:
-        from harness.conformance import ConformanceCase, skip_reason
-        from harness.platforms import PLATFORMS, detect_platform
-        from reference.activations import ACTIVATIONS
-        from reference.schemes import SCHEMES
+        from harness.conformance import conformance_cases
 
         backends = metafunc.config.moe_backends
-        host = detect_platform()
         if "backend_name" in metafunc.fixturenames:
             metafunc.parametrize("backend_name", sorted(backends))
             return
         params = []
-        for bname in sorted(backends):
-            for platform in PLATFORMS.values():
-                for scheme in SCHEMES.values():
-                    for act in ACTIVATIONS.values():
-                        case = ConformanceCase(bname, platform, scheme, act)
-                        marks = [getattr(pytest.mark, platform.name)]
-                        reason = skip_reason(backends[bname], case, host)
-                        if reason:
-                            marks.append(pytest.mark.skip(reason=reason))
-                        params.append(pytest.param(case, marks=marks, id=case.id))
+        for case, reason in conformance_cases(backends):
+            marks = [getattr(pytest.mark, case.platform.name)]
+            if reason:
+                marks.append(pytest.mark.skip(reason=reason))
+            params.append(pytest.param(case, marks=marks, id=case.id))
         metafunc.parametrize("conformance_case", params)
 
 

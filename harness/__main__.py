@@ -91,41 +91,31 @@ def _oracle(args) -> int:
 
 
 def _catalog(args) -> int:
-    """Run the ci-profile conformance suite on every catalog mutant in one pytest session and say, per
-    mutant, which test caught it first (JUnit order) and how long its cases took."""
-    import subprocess
-    import sys
-    import tempfile
-    import xml.etree.ElementTree as ET
+    """Hunt every catalog mutant with the conformance checks (harness.catalog.hunt) and say which check
+    caught it and how long it took; the control must survive every check."""
+    import os
 
-    from harness.catalog import CONTROL, MUTANTS
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    import torch
 
-    with tempfile.TemporaryDirectory() as tmp:
-        junit = f"{tmp}/catalog.xml"
-        cmd = [sys.executable, "-m", "pytest", "suites/test_conformance.py", "-q", "-p", "no:cacheprovider",
-               "--hypothesis-profile=ci", f"--junitxml={junit}", "-n", str(args.workers), "-m", "cpu or gfx942",
-               "-k", "not test_conformance_hypothesis"]  # the parametrized cases and quantizer checks suffice
-        for m in (*MUTANTS, CONTROL):
-            cmd += ["--backend", f"harness.catalog:mutant_{m.name}"]
-        subprocess.run(cmd, capture_output=True, text=True)
-        cases = ET.parse(junit).getroot().iter("testcase")
-        caught, seconds = {}, {}
-        for case in cases:
-            name = case.get("name")
-            for m in (*MUTANTS, CONTROL):
-                if f"mutant_{m.name}" not in name:
-                    continue
-                seconds[m.name] = seconds.get(m.name, 0.0) + float(case.get("time") or 0)
-                if m.name not in caught and (case.find("failure") is not None or case.find("error") is not None):
-                    caught[m.name] = name
-    missed = [m.name for m in MUTANTS if m.name not in caught]
+    from harness.catalog import CATALOG_PLATFORMS, CONTROL, MUTANTS, hunt, make_mutant
+
+    torch.set_num_threads(1)
+    missed = []
+    print(f"platforms: {', '.join(CATALOG_PLATFORMS)}; checks: quantizer entry points, then conformance cases")
     for m in MUTANTS:
-        verdict = f"CAUGHT by {caught[m.name]}" if m.name in caught else "SURVIVED"
-        print(f"{m.name:<30} {seconds.get(m.name, 0.0):6.1f}s  {verdict}\n    {m.bug}")
-    control_failed = CONTROL.name in caught
-    print(f"control (no bug): {'FAILED ' + caught[CONTROL.name] if control_failed else 'passed'}")
+        catch, seconds, n = hunt(make_mutant(m.name))
+        if catch is None:
+            missed.append(m.name)
+        verdict = f"CAUGHT by {catch.check} after {n} checks" if catch else f"SURVIVED {n} checks"
+        print(f"{m.name:<30} {seconds:6.2f}s  {verdict}\n    bug: {m.bug}")
+        if catch:
+            print(f"    {catch.message[:160]}")
+    catch, seconds, n = hunt(make_mutant(CONTROL.name))
+    print(f"control (no bug): {'FAILED ' + catch.check + ': ' + catch.message if catch else 'passed'} "
+          f"({n} checks, {seconds:.1f}s)")
     print(f"\n{len(MUTANTS) - len(missed)} of {len(MUTANTS)} mutants caught")
-    return 1 if missed or control_failed else 0
+    return 1 if missed or catch else 0
 
 
 def _matrix(_args) -> int:
@@ -158,8 +148,6 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--backend", action="append", default=[], help="extra backend module:factory")
         if name == "platforms":
             p.add_argument("--host", action="store_true", help="print only this machine's platform name")
-        if name == "catalog":
-            p.add_argument("--workers", default="auto")
         if name == "bench-reference":
             p.add_argument("--rows", type=int, default=4096)
             p.add_argument("--cols", type=int, default=4096)

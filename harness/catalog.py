@@ -1,13 +1,17 @@
 """The seeded-bug catalog: small buggy backends, each a wrapper of a correct one (torch emulation with
 fp32 operands) that injects one real bug class, for proving that the suites catch it (issue 7: detection power).
 
-Each mutant names the bug class it models (DESIGN.md "Why it exists"). `python -m harness catalog`
-runs the ci-profile conformance suite against each and prints the test that caught it and the time.
+Each mutant names the bug class it models (DESIGN.md "Why it exists"). hunt() runs the conformance
+suite's own checks on a backend - the quantizer entry-point property (ci settings), then every
+conformance case on the catalog platforms in the suite's order - and stops at the first failure;
+suites/test_catalog.py (in `make test`) asserts that every mutant is caught and the control is not,
+and `python -m harness catalog` prints which check caught each mutant and how long it took.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -21,7 +25,7 @@ from reference.schemes import ActQuant
 
 from .backends.torch_emulation import TorchEmulationBackend
 
-__all__ = ["Mutant", "MUTANTS", "CONTROL", "make_mutant"]
+__all__ = ["Mutant", "MUTANTS", "CONTROL", "make_mutant", "Catch", "hunt", "CATALOG_PLATFORMS"]
 
 
 @dataclass(frozen=True)
@@ -279,3 +283,47 @@ def __getattr__(attr: str):
         return lambda: make_mutant(attr.removeprefix("mutant_"))
     raise AttributeError(attr)
 
+
+
+# cpu: the host semantics on the CI machine; gfx942: the FNUZ semantics (FP8 dtype bugs show only there)
+CATALOG_PLATFORMS = ("cpu", "gfx942")
+
+
+@dataclass(frozen=True)
+class Catch:
+    check: str  # "quantizer entry points" or the conformance case id
+    message: str
+    seconds: float  # from the start of the hunt to the catch
+    checks_run: int
+
+
+def hunt(backend, platforms=CATALOG_PLATFORMS) -> tuple[Catch | None, float, int]:
+    """Run the conformance checks on `backend` until one fails: (the catch or None, seconds, checks run).
+    None means the backend passed every check: right for the control, a survivor for a mutant."""
+    from hypothesis import settings
+
+    from .conformance import SHAPES, conformance_cases, quantizer_cases, quantizer_property, run_case
+    from .platforms import PLATFORMS
+
+    t0, n = time.perf_counter(), 0
+    if quantizer_cases(backend):
+        n += 1
+        # the suite's settings under the ci profile: derandomized, no database
+        ci = settings(max_examples=30, derandomize=True, database=None, deadline=None, print_blob=False)
+        try:
+            quantizer_property(backend, ci)()
+        except AssertionError as exc:
+            return Catch("quantizer entry points", str(exc).splitlines()[0], time.perf_counter() - t0, n), \
+                time.perf_counter() - t0, n
+    for case, reason in conformance_cases({backend.name: backend}, [PLATFORMS[p] for p in platforms]):
+        if reason:
+            continue
+        n += 1
+        try:
+            result = run_case(backend, case, SHAPES["cpu"])
+            ok, message = result.ok, result.message()
+        except Exception as exc:  # a crash on valid input is caught too: the suite reports it as an error
+            ok, message = False, f"{type(exc).__name__}: {exc}"
+        if not ok:
+            return Catch(case.id, message, time.perf_counter() - t0, n), time.perf_counter() - t0, n
+    return None, time.perf_counter() - t0, n

@@ -8,17 +8,22 @@ from dataclasses import dataclass
 
 import torch
 
-from reference.activations import Activation, activation_by_name
+from reference.activations import ACTIVATIONS, Activation, activation_by_name
 from reference.checkpoints import MoECheckpoint, make_checkpoint
 from reference.moe import MoETrace, fused_moe
 from reference.routing import RoutingConfig, route
-from reference.schemes import Scheme, scheme_by_name
+from reference.formats import E2M1
+from reference.fp8 import FP8_FORMATS, Granularity, quantize_fp8
+from reference.mx import MX_ELEMENT_FORMATS, ScaleMode, quantize_mx
+from reference.nvfp4 import quantize_nvfp4
+from reference.schemes import SCHEMES, Scheme, scheme_by_name
 
 from .backends import Problem, backend_accumulation_error, backend_available, backend_operand_dtype
 from .platforms import Platform
-from .tolerances import Comparison, compare, moe_error_bound
+from .tolerances import Comparison, Exact, compare, moe_error_bound
 
-__all__ = ["Shape", "SHAPES", "ConformanceCase", "skip_reason", "run_case", "reference_run"]
+__all__ = ["Shape", "SHAPES", "ConformanceCase", "skip_reason", "run_case", "reference_run", "conformance_cases",
+           "QUANTIZER_CASES", "quantizer_cases", "quantizer_property", "reference_quantize"]
 
 
 @dataclass(frozen=True)
@@ -117,3 +122,76 @@ def run_case(backend, case: ConformanceCase, shape: Shape, seed: int = 0) -> Com
 
 def problem_for(scheme: str, act: str) -> Problem:
     return Problem(scheme_by_name(scheme), activation_by_name(act), has_bias=_has_bias(act))
+
+
+# ---- quantizer entry points -------------------------------------------------------------------------
+
+QUANTIZER_CASES = [
+    ("quantize_mx", dict(elem=elem, scale_mode=mode)) for elem in MX_ELEMENT_FORMATS for mode in (ScaleMode.FLOOR, ScaleMode.RCEIL)
+] + [
+    ("quantize_nvfp4", dict(global_decode_scale=torch.tensor(0.01))),
+] + [
+    ("quantize_fp8", dict(fmt=fmt, granularity=g, block_shape=b, scale=s))
+    for fmt in FP8_FORMATS
+    for g, b, s in ((Granularity.PER_TOKEN, None, None), (Granularity.PER_BLOCK, (1, 32), None),
+                    (Granularity.PER_TENSOR, None, torch.tensor(0.05)))
+]
+
+
+def quantizer_cases(backend) -> list[tuple[str, dict]]:
+    """The (entry point, parameters) pairs this backend exposes an entry point for."""
+    return [(e, p) for e, p in QUANTIZER_CASES if hasattr(backend, e)]
+
+
+def reference_quantize(entry: str, x: torch.Tensor, params: dict):
+    if entry == "quantize_mx":
+        return tuple(quantize_mx(x, params["elem"], scale_mode=params["scale_mode"]))
+    if entry == "quantize_nvfp4":
+        q = quantize_nvfp4(x, global_decode_scale=params["global_decode_scale"])
+        return q.codes, q.block_scales
+    return tuple(quantize_fp8(x, params["fmt"], granularity=params["granularity"], block_shape=params["block_shape"],
+                              scale=params["scale"]))
+
+
+def quantizer_property(backend, hypothesis_settings):
+    """A Hypothesis property (call it to run it): every exposed entry point returns the reference's codes
+    and scales bit for bit, on structured tensors (harness.strategies.mx_tensor)."""
+    from hypothesis import assume, given
+    from hypothesis import strategies as st
+
+    from .strategies import mx_tensor
+
+    cases = quantizer_cases(backend)
+
+    @hypothesis_settings
+    @given(data=st.data())
+    def entry_points_are_bit_exact(data):
+        entry, params = data.draw(st.sampled_from(cases), label="entry point")
+        fmt = params.get("elem", params.get("fmt", E2M1))
+        x = torch.nan_to_num(data.draw(mx_tensor(fmt, rows=2)), posinf=1e30, neginf=-1e30).clamp(-1e30, 1e30)
+        if entry != "quantize_mx":
+            assume(x.abs().amax() < 1e4 * params.get("global_decode_scale", torch.tensor(1e30)))
+        try:
+            got = getattr(backend, entry)(x, **params)
+        except NotImplementedError:
+            assume(False)  # this backend does not implement these parameters: draw others
+            return
+        for name, e, g in zip(("codes", "scales"), reference_quantize(entry, x, params), got):
+            c = compare(e, g.cpu(), Exact(), f"{backend.name}.{entry}({params}): {name}")
+            assert c.ok, c.message()
+
+    return entry_points_are_bit_exact
+
+
+def conformance_cases(backends: dict, platforms=None):
+    """Every (ConformanceCase, skip reason or None) for these backends on these platforms (default: all),
+    in the order the suite parametrizes them."""
+    from .platforms import PLATFORMS, detect_platform
+
+    host = detect_platform()
+    for bname in sorted(backends):
+        for platform in (platforms or PLATFORMS.values()):
+            for scheme in SCHEMES.values():
+                for act in ACTIVATIONS.values():
+                    case = ConformanceCase(bname, platform, scheme, act)
+                    yield case, skip_reason(backends[bname], case, host)

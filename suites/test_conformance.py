@@ -6,22 +6,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import assume, example, given, note, settings, target
+from hypothesis import example, given, note, settings, target
 from hypothesis import strategies as st
 
-from harness.conformance import SHAPES, _checkpoint, case_inputs, compare_backend, problem_for, run_case
+from harness.conformance import (SHAPES, _checkpoint, case_inputs, compare_backend, problem_for, quantizer_cases,
+                                 quantizer_property, run_case)
 from harness.platforms import PLATFORMS, detect_platform
 from harness.report import CASE_PROPERTY, case_properties
-from harness.strategies import mx_tensor
-from harness.tolerances import Exact, compare
 from reference.activations import ACTIVATIONS
-from reference.formats import E2M1
-from reference.fp8 import FP8_FORMATS, Granularity, quantize_fp8
 from reference.moe import fused_moe
-from reference.mx import MX_ELEMENT_FORMATS, ScaleMode, quantize_mx
-from reference.nvfp4 import quantize_nvfp4
 from reference.schemes import SCHEMES
-
 
 def _shape():
     return SHAPES["gpu" if detect_platform().is_gpu else "cpu"]
@@ -78,48 +72,11 @@ def test_conformance_hypothesis(backend_name, backends, case, seed, tokens, rout
     assert result.ok, result.message()
 
 
-QUANTIZER_CASES = [
-    ("quantize_mx", dict(elem=elem, scale_mode=mode)) for elem in MX_ELEMENT_FORMATS for mode in (ScaleMode.FLOOR, ScaleMode.RCEIL)
-] + [
-    ("quantize_nvfp4", dict(global_decode_scale=torch.tensor(0.01))),
-] + [
-    ("quantize_fp8", dict(fmt=fmt, granularity=g, block_shape=b, scale=s))
-    for fmt in FP8_FORMATS
-    for g, b, s in ((Granularity.PER_TOKEN, None, None), (Granularity.PER_BLOCK, (1, 32), None),
-                    (Granularity.PER_TENSOR, None, torch.tensor(0.05)))
-]
-
-
-def _reference_quantize(entry: str, x: torch.Tensor, params: dict):
-    if entry == "quantize_mx":
-        return tuple(quantize_mx(x, params["elem"], scale_mode=params["scale_mode"]))
-    if entry == "quantize_nvfp4":
-        q = quantize_nvfp4(x, global_decode_scale=params["global_decode_scale"])
-        return q.codes, q.block_scales
-    return tuple(quantize_fp8(x, params["fmt"], granularity=params["granularity"], block_shape=params["block_shape"],
-                              scale=params["scale"]))
-
-
-@settings(max_examples=30)
-@given(data=st.data())
-def test_backend_quantizer_entry_points_are_bit_exact(backend_name, backends, data):
+def test_backend_quantizer_entry_points_are_bit_exact(backend_name, backends):
     """Optional entry points (quantize_mx / quantize_nvfp4 / quantize_fp8) must return the reference's
-    bytes: codes and scales, bit for bit. NotImplementedError from an entry point means unsupported."""
+    bytes: codes and scales, bit for bit. NotImplementedError from an entry point means unsupported.
+    (The Hypothesis property lives in harness.conformance: the seeded-bug catalog runs it too.)"""
     backend = backends[backend_name]
-    cases = [(e, p) for e, p in QUANTIZER_CASES if hasattr(backend, e)]
-    if not cases:
+    if not quantizer_cases(backend):
         pytest.skip(f"{backend_name} exposes no quantizer entry points")
-    entry, params = data.draw(st.sampled_from(cases), label="entry point")
-    fmt = params.get("elem", params.get("fmt", E2M1))
-    x = torch.nan_to_num(data.draw(mx_tensor(fmt, rows=2)), posinf=1e30, neginf=-1e30).clamp(-1e30, 1e30)
-    if entry != "quantize_mx":
-        assume(x.abs().amax() < 1e4 * params.get("global_decode_scale", torch.tensor(1e30)))
-    try:
-        got = getattr(backend, entry)(x, **params)
-    except NotImplementedError:
-        assume(False)  # this backend does not implement these parameters: draw others
-        return
-    expected = _reference_quantize(entry, x, params)
-    for name, e, g in zip(("codes", "scales"), expected, got):
-        c = compare(e, g.cpu(), Exact(), f"{backend_name}.{entry}({params}): {name}")
-        assert c.ok, c.message()
+    quantizer_property(backend, settings(max_examples=30))()
