@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import example, given, note, settings, target
+from hypothesis import HealthCheck, example, given, note, settings, target
 from hypothesis import strategies as st
 
 from harness.conformance import (SHAPES, _checkpoint, case_inputs, compare_backend, problem_for, quantizer_cases,
@@ -37,7 +37,19 @@ def _runnable(backend):
     return out
 
 
-@settings(max_examples=12)
+@pytest.fixture
+def runnable(backend_name, backends):
+    """(scheme, activation, platform) triples the backend runs here; skips (before Hypothesis starts)
+    when there are none."""
+    cases = _runnable(backends[backend_name])
+    if not cases:
+        pytest.skip(f"{backend_name} can run nothing on this machine")
+    return cases
+
+
+# the fixtures are constant per backend: sharing them across examples is intended
+@settings(max_examples=12, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+                                                  HealthCheck.data_too_large])
 @given(
     case=st.integers(0, 2**16),
     seed=st.integers(0, 2**16),
@@ -49,13 +61,10 @@ def _runnable(backend):
 @example(case=0, seed=0, tokens=0, routing="random")  # zero tokens: an empty launch grid
 @example(case=7, seed=3, tokens=1, routing="all_to_one")  # one token on experts 0..k-1
 @example(case=11, seed=5, tokens=10, routing="skip_experts")  # experts 0..E-k-1 get no token
-def test_conformance_hypothesis(backend_name, backends, case, seed, tokens, routing):
+def test_conformance_hypothesis(backend_name, backends, runnable, case, seed, tokens, routing):
     """Random problems, token counts (zero included) and skewed routing for each backend. Under the
     nightly profile, target() steers generation toward the largest error relative to the bound."""
     backend = backends[backend_name]
-    runnable = _runnable(backend)
-    if not runnable:
-        pytest.skip(f"{backend_name} can run nothing on this machine")
     scheme, act, platform = runnable[case % len(runnable)]
     note(f"case: {scheme}/{act}/{platform}")
     p = PLATFORMS[platform]
