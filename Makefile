@@ -9,7 +9,7 @@ PYTEST := $(PY) -m pytest -p no:cacheprovider
 # On a machine that brings its own torch (the GPU images): make conformance PY=python3 SETUP=
 SETUP  ?= $(STAMP)
 
-.PHONY: test conformance browser catalog formats bench-reference clean
+.PHONY: test conformance bench browser catalog formats bench-reference clean
 
 # torch==2.13.0 (pinned in pyproject) is the CPU wheel this machine keeps on local disk; pip finds it there.
 $(STAMP): pyproject.toml
@@ -37,6 +37,16 @@ browser:
 		SUDO=$$(command -v sudo >/dev/null 2>&1 && [ "$$(id -u)" != 0 ] && echo sudo); \
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends chromium; }
 
+# GPU benchmarks (suites/bench): pytest-benchmark with CUDA-event timing; bench/ gets benchmark.json,
+# table.md, results.json and roofline.png; runs are saved in .benchmarks/ for
+# `make bench BENCH_ARGS=--benchmark-compare`. On a CPU the same tests only check correctness.
+BENCH_ARGS ?=
+bench: $(SETUP)
+	mkdir -p bench
+	$(PYTEST) suites/bench -p no:xdist --benchmark-timer=harness.bench.cuda_event_timer \
+		--benchmark-json=bench/benchmark.json --benchmark-autosave --benchmark-columns=min,median,max,rounds \
+		--benchmark-sort=name --bench-dir=bench $(BENCH_ARGS)
+
 # every seeded-bug backend must fail the conformance suite and the correct control must pass (~3 min)
 catalog: $(SETUP)
 	$(PY) -m harness catalog
@@ -48,4 +58,4 @@ bench-reference: $(SETUP)
 	$(PY) -m harness bench-reference
 
 clean:
-	rm -rf $(VENV) .hypothesis report *.egg-info
+	rm -rf $(VENV) .hypothesis report bench *.egg-info

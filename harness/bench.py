@@ -83,7 +83,8 @@ def flush_l2() -> None:
 
 
 def capture(fn, warmup: int = 2):
-    """A CUDA graph of fn() (after warm-up launches on a side stream, as torch requires); returns replay."""
+    """A CUDA graph of fn() (after warm-up launches on a side stream, as torch requires): returns
+    (replay, the output tensor that each replay rewrites)."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -92,8 +93,8 @@ def capture(fn, warmup: int = 2):
     torch.cuda.current_stream().wait_stream(s)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
+        out = fn()
+    return graph.replay, out
 
 
 def median_ms(fn, rounds: int = 50) -> float:
@@ -223,3 +224,145 @@ def roofline_time_s(nbytes: int, flops: int, bandwidth: float, tflops: float) ->
     """The lower bound on time from bytes and FLOPs alone."""
     return max(nbytes / bandwidth, flops / (tflops * 1e12))
 
+
+
+# ---- the dequantize-everything baseline --------------------------------------------------------------
+
+
+class DequantizeAllBaseline:
+    """torch_emulation's method (and vLLM's OCP MX emulation's) on the device: in every forward, all
+    experts' weights are dequantized to bf16 with torch ops, then a bf16 fused MoE runs (the Triton one
+    of triton_emulation, weights unquantized; activations still quantized as the scheme says)."""
+
+    name = "dequantize_all"
+    operand_dtype = torch.bfloat16
+
+    def __init__(self, device: str | None = None):
+        from harness.backends.triton_emulation import TritonEmulationBackend
+
+        self.inner = TritonEmulationBackend(device)
+        self.device = self.inner.device
+
+    def supports(self, problem, platform):
+        return (problem.scheme.weight is not None, "quantized weights only (bf16 has nothing to dequantize)")
+
+    def prepare(self, ckpt: MoECheckpoint):
+        import dataclasses
+
+        from reference.formats import E2M1, E4M3FN as _E4M3FN
+
+        dev = self.device
+        weightless = dataclasses.replace(ckpt, scheme=dataclasses.replace(ckpt.scheme, weight=None))
+        wq = ckpt.scheme.weight
+        elem = ckpt.fp8_format if wq.kind == "fp8" else wq.elem
+        luts = dict(code=elem.values_fp32.to(dev), e4m3=_E4M3FN.values_fp32.to(dev), e2m1=E2M1.values_fp32.to(dev))
+        weights = {n: QuantizedWeight(getattr(ckpt, n).data.to(dev),
+                                      None if getattr(ckpt, n).scale is None else getattr(ckpt, n).scale.to(dev),
+                                      None if getattr(ckpt, n).global_scale is None else getattr(ckpt, n).global_scale.to(dev))
+                   for n in ("w13", "w2")}
+        return dict(inner=self.inner.prepare(weightless), ckpt=ckpt, luts=luts, weights=weights)
+
+    @staticmethod
+    def _dequantize(w: QuantizedWeight, ckpt: MoECheckpoint, luts) -> torch.Tensor:
+        from reference.checkpoints import nvfp4_decode_scale
+
+        wq = ckpt.scheme.weight
+        codes = w.data
+        if wq.kind != "fp8" and wq.elem.nbits == 4:
+            codes = torch.stack((codes & 0xF, codes >> 4), dim=-1).flatten(-2)
+        v = luts["code"][codes.long()]
+        e, n, k = v.shape
+        if wq.kind == "mx":
+            s = torch.exp2(w.scale.float() - 127)
+            v = (v.view(e, n, k // 32, 32) * s[..., None]).view(e, n, k)
+        elif wq.kind == "nvfp4":
+            s = luts["e4m3"][w.scale.long()] * nvfp4_decode_scale(w.global_scale, ckpt.nvfp4_global_convention)[:, None, None]
+            v = (v.view(e, n, k // 16, 16) * s[..., None]).view(e, n, k)
+        elif w.scale.dim() == 1:
+            v = v * w.scale[:, None, None]
+        else:
+            s = w.scale.repeat_interleave(128, 1).repeat_interleave(128, 2)
+            v = v * s
+        return v.to(torch.bfloat16)
+
+    def launch(self, prep, x, topk_weights, topk_ids):
+        import dataclasses
+
+        ckpt, luts = prep["ckpt"], prep["luts"]
+        inner = dataclasses.replace(prep["inner"], w13=self._dequantize(prep["weights"]["w13"], ckpt, luts),
+                                    w2=self._dequantize(prep["weights"]["w2"], ckpt, luts))
+        return self.inner.launch(inner, x, topk_weights, topk_ids)
+
+    def forward(self, prep, hidden_states, topk_weights, topk_ids):
+        from reference.moe import check_moe_inputs
+
+        check_moe_inputs(hidden_states.cpu(), prep["ckpt"], topk_weights.cpu(), topk_ids.cpu())
+        dev = self.device
+        return self.launch(prep, hidden_states.to(dev).contiguous(), topk_weights.to(dev).float().contiguous(),
+                           topk_ids.to(dev).contiguous())
+
+
+# ---- the report: table and roofline ------------------------------------------------------------------
+
+
+def write_bench_report(rows: list[dict], anchors: dict, out_dir) -> dict:
+    """bench/results.json, bench/table.md and bench/roofline.png from the benchmark rows."""
+    import json
+    from pathlib import Path
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(dict(anchors=anchors, rows=rows), indent=1))
+    lines = [f"Copy bandwidth {anchors.get('copy_tb_s', 0):.2f} TB/s, bf16 dense matmul "
+             f"{anchors.get('dense_bf16_tflops', 0):.0f} TFLOP/s (measured in this run); {anchors.get('device', '')}", "",
+             "| model | scheme | tokens | backend | median us | TB/s | % copy | TFLOP/s | % dense |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: (r["model"], r["scheme"], r["tokens"], r["backend"])):
+        lines.append(f"| {r['model']} | {r['scheme']} | {r['tokens']} | {r['backend']} | {r['us']:.1f} | "
+                     f"{r['tb_s']:.2f} | {r['pct_copy']:.1f} | {r['tflops']:.1f} | {r['pct_dense']:.1f} |")
+    (out / "table.md").write_text("\n".join(lines) + "\n")
+    paths = dict(json=out / "results.json", table=out / "table.md")
+    if rows and anchors.get("copy_tb_s"):
+        paths["roofline"] = _roofline(rows, anchors, out / "roofline.png")
+    return paths
+
+
+def _roofline(rows: list[dict], anchors: dict, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bw, peak = anchors["copy_tb_s"] * 1e12, anchors["dense_bf16_tflops"] * 1e12
+    fig, ax = plt.subplots(figsize=(9, 6), dpi=110)
+    xs = [r["flops"] / r["bytes"] for r in rows]
+    lo, hi = min(xs) / 2, max(xs) * 2
+    grid = [lo * (hi / lo) ** (i / 200) for i in range(201)]
+    ax.plot(grid, [min(bw * x, peak) / 1e12 for x in grid], "k-", linewidth=1, label="roofline (measured copy BW, bf16 dense)")
+    markers = dict(zip(sorted({r["model"] for r in rows}), "osD^v"))
+    colours = {b: f"C{i}" for i, b in enumerate(sorted({r["backend"] for r in rows}))}
+    for r in rows:
+        ax.scatter(r["flops"] / r["bytes"], r["tflops"], marker=markers[r["model"]], color=colours[r["backend"]], s=22)
+    for b, c in colours.items():
+        ax.scatter([], [], color=c, label=b)
+    for m, mk in markers.items():
+        ax.scatter([], [], marker=mk, color="grey", label=m)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP per byte of activated weights + activations)")
+    ax.set_ylabel("achieved TFLOP/s")
+    ax.set_title(f"MoE forward on {anchors.get('device', 'GPU')}: every backend, shape, scheme and token count", fontsize=9)
+    ax.legend(fontsize=7, loc="lower right")
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def anchors() -> dict:
+    """The run's reference points (measured now, on this GPU)."""
+    if not torch.cuda.is_available():
+        return {}
+    return dict(device=torch.cuda.get_device_name(0), torch=torch.__version__,
+                copy_tb_s=copy_bandwidth() / 1e12, dense_bf16_tflops=dense_bf16_tflops())

@@ -57,6 +57,16 @@ class TritonEmulationBackend:
         self.block_m = 16
         self.block_n = 64
         self.block_k = 64
+        self.num_warps = 4
+        self.num_stages = 2
+
+    def configure(self, **params) -> "TritonEmulationBackend":
+        """Set tile sizes and launch parameters (block_m, block_n, block_k, num_warps, num_stages)."""
+        for name, value in params.items():
+            if not hasattr(self, name) or name not in ("block_m", "block_n", "block_k", "num_warps", "num_stages"):
+                raise ValueError(f"unknown launch parameter {name!r}")
+            setattr(self, name, int(value))
+        return self
 
     # ---- protocol --------------------------------------------------------------------------------
     def supports(self, problem, platform) -> tuple[bool, str]:
@@ -100,17 +110,24 @@ class TritonEmulationBackend:
         )
 
     def forward(self, prepared: Prepared, hidden_states, topk_weights, topk_ids) -> torch.Tensor:
-        ckpt = prepared.ckpt
-        check_moe_inputs(hidden_states.cpu(), ckpt, topk_weights.cpu(), topk_ids.cpu())
+        check_moe_inputs(hidden_states.cpu(), prepared.ckpt, topk_weights.cpu(), topk_ids.cpu())
         dev = self.device
-        x = hidden_states.to(dev).contiguous()
+        return self.launch(prepared, hidden_states.to(dev).contiguous(), topk_weights.to(dev).float().contiguous(),
+                           topk_ids.to(dev).contiguous())
+
+    def launch(self, prepared: Prepared, x, topk_weights, topk_ids) -> torch.Tensor:
+        """The forward on checked device inputs (x bf16 [T, H] contiguous, weights fp32, ids on the
+        device): no host synchronisation and no host reads of device data, so it can be captured in a
+        CUDA graph (the benchmarks time graph replays)."""
+        ckpt = prepared.ckpt
+        dev = x.device
         t, h = x.shape
         k = topk_ids.shape[1]
         if t == 0:
             return torch.empty(0, h, dtype=torch.bfloat16, device=dev)
         isz = ckpt.intermediate_size
         p = t * k
-        sorted_rows, block_expert = self._align(topk_ids.to(dev), ckpt.num_experts)
+        sorted_rows, block_expert = self._align(topk_ids, ckpt.num_experts)
         aq, fp8_fmt = ckpt.scheme.act, ckpt.fp8_format
         a1, a1_mode, a1_scale = self._quantize_activation(x, prepared.a1_scale, aq, fp8_fmt)
         y = torch.empty(p, isz, dtype=torch.bfloat16, device=dev)
@@ -122,8 +139,7 @@ class TritonEmulationBackend:
                    n_out=h, k_dim=isz, apply_act=False)
         out = torch.empty(t, h, dtype=torch.bfloat16, device=dev)
         bh = 128
-        K.topk_reduce_kernel[(t, triton_cdiv(h, bh))](z, topk_weights.to(dev).float().contiguous(), out, h,
-                                                       TOP_K=k, BLOCK_H=bh)
+        K.topk_reduce_kernel[(t, triton_cdiv(h, bh))](z, topk_weights, out, h, TOP_K=k, BLOCK_H=bh)
         return out
 
     # ---- quantizer entry points (checked bit-exactly by the conformance suite) -------------------
@@ -228,22 +244,27 @@ class TritonEmulationBackend:
         return v, 2, s
 
     def _align(self, topk_ids, num_experts):
-        """Pairs (token, k) sorted by expert, each expert's run padded to BLOCK_M with the sentinel P."""
+        """Pairs (token, k) sorted by expert, each expert's run padded to BLOCK_M with the sentinel P.
+        Sized for the worst case (sum over experts of ceil(count / BLOCK_M) <= ceil(P / BLOCK_M) +
+        min(E, P) blocks) so that nothing is read back to the host; unused blocks get expert -1 and
+        their programs return at once."""
         bm = self.block_m
         flat = topk_ids.reshape(-1).long()
         p = flat.numel()
+        dev = flat.device
+        max_blocks = triton_cdiv(p, bm) + min(num_experts, p)
         order = torch.argsort(flat, stable=True)
-        counts = torch.bincount(flat, minlength=num_experts)
-        padded = (counts + bm - 1) // bm * bm
-        starts = torch.cumsum(padded, 0) - padded
+        counts = torch.zeros(num_experts, dtype=torch.long, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
+        blocks = (counts + bm - 1) // bm
+        block_end = torch.cumsum(blocks, 0)  # blocks of experts 0..e
         first = torch.cumsum(counts, 0) - counts
         expert_sorted = flat[order]
-        rank = torch.arange(p, device=flat.device) - first[expert_sorted]
-        total = int(padded.sum())
-        sorted_rows = torch.full((total,), p, dtype=torch.int32, device=flat.device)
-        sorted_rows[starts[expert_sorted] + rank] = order.to(torch.int32)
-        block_expert = torch.repeat_interleave(torch.arange(num_experts, device=flat.device, dtype=torch.int32),
-                                               padded // bm)
+        rank = torch.arange(p, device=dev) - first[expert_sorted]
+        sorted_rows = torch.full((max_blocks * bm,), p, dtype=torch.int32, device=dev)
+        sorted_rows[(block_end - blocks)[expert_sorted] * bm + rank] = order.to(torch.int32)
+        b = torch.arange(max_blocks, device=dev)
+        block_expert = torch.searchsorted(block_end, b, right=True).to(torch.int32)
+        block_expert = torch.where(b < block_end[-1], block_expert, -1)
         return sorted_rows, block_expert
 
     def _gemm(self, prep: Prepared, which: str, a, a_mode, a_scale, out, sorted_rows, block_expert, n_pairs,
@@ -273,6 +294,7 @@ class TritonEmulationBackend:
             APPLY_ACT=apply_act, HAS_LIMIT=act.limit is not None, BLOCK_M=self.block_m, BLOCK_N=self.block_n,
             BLOCK_K=self.block_k, INTERPRET_DOT=K.INTERPRET,
             DOT_SCALED=self.use_dot_scaled, DS_FMT=self.dot_scaled_format(elem) if self.use_dot_scaled else "e2m1",
+            num_warps=self.num_warps, num_stages=self.num_stages,
         )
 
 

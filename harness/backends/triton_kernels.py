@@ -219,34 +219,46 @@ W_FP8: tl.constexpr = 3
 
 
 @_device
-def _weight_tile(w_ptr, ws_ptr, expert, wrow, k_offs, n_mask, k_mask, N_ROWS, K,
+def _weight_tile(w_ptr, ws_ptr, expert, wrow, k0, n_mask, N_ROWS, K,
                  W_KIND: tl.constexpr, PACKED: tl.constexpr, EBITS: tl.constexpr, MBITS: tl.constexpr,
-                 BIAS: tl.constexpr, SCALE_BLOCK: tl.constexpr):
+                 BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """[BLOCK_N, BLOCK_K] weight values for rows `wrow` of `expert`, dequantized in registers: code
     value times its power-of-two (MX) or E4M3 (NVFP4) block scale, exact in bf16. FP8 block and tensor
     scales are not applied here."""
     e64 = expert.to(tl.int64)
-    m2 = n_mask[:, None] & k_mask[None, :]
+    k_offs = k0 + tl.arange(0, BLOCK_K)
+    m2 = n_mask[:, None] & (k_offs < K)[None, :]
     if W_KIND == 0:
         offs = e64 * N_ROWS * K + wrow[:, None].to(tl.int64) * K + k_offs[None, :]
         return tl.load(w_ptr + offs, mask=m2, other=0.0).to(tl.float32)
     if PACKED:
-        offs = e64 * N_ROWS * (K // 2) + wrow[:, None].to(tl.int64) * (K // 2) + (k_offs[None, :] // 2)
-        byte = tl.load(w_ptr + offs, mask=m2, other=0).to(tl.int32)
-        code = (byte >> ((k_offs[None, :] % 2) * 4)) & 0xF
+        # each byte once: [BN, BK/2] bytes, both nibbles decoded, interleaved back (low nibble = even k)
+        kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+        offs = e64 * N_ROWS * (K // 2) + wrow[:, None].to(tl.int64) * (K // 2) + kb[None, :]
+        byte = tl.load(w_ptr + offs, mask=n_mask[:, None] & (kb < K // 2)[None, :], other=0).to(tl.int32)
+        lo = _decode(byte & 0xF, EBITS, MBITS, BIAS)
+        hi = _decode(byte >> 4, EBITS, MBITS, BIAS)
+        v = tl.reshape(tl.join(lo, hi), (BLOCK_N, BLOCK_K))
     else:
         offs = e64 * N_ROWS * K + wrow[:, None].to(tl.int64) * K + k_offs[None, :]
         code = tl.load(w_ptr + offs, mask=m2, other=0).to(tl.int32)
-    v = _decode(code, EBITS, MBITS, BIAS)
+        v = _decode(code, EBITS, MBITS, BIAS)
     if W_KIND == 1:
-        s_offs = e64 * N_ROWS * (K // 32) + wrow[:, None].to(tl.int64) * (K // 32) + (k_offs[None, :] // 32)
-        s = tl.load(ws_ptr + s_offs, mask=m2, other=127).to(tl.int32)
-        v = _ldexp(v, s - 127)
-        v = tl.where(s == 255, float("nan"), v)
+        # one E8M0 scale per 32 weights: 2^(s - 127) as two exact power-of-two factors, NaN for 0xFF
+        sk = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+        s_offs = e64 * N_ROWS * (K // 32) + wrow[:, None].to(tl.int64) * (K // 32) + sk[None, :]
+        s = tl.load(ws_ptr + s_offs, mask=n_mask[:, None] & (sk < K // 32)[None, :], other=127).to(tl.int32) - 127
+        s1 = s >> 1
+        f1 = tl.where(s == 128, float("nan"), _exp2i(s1))
+        f2 = _exp2i(s - s1)
+        v3 = tl.reshape(v, (BLOCK_N, BLOCK_K // 32, 32))
+        v = tl.reshape(v3 * f1[:, :, None] * f2[:, :, None], (BLOCK_N, BLOCK_K))
     if W_KIND == 2:
-        s_offs = e64 * N_ROWS * (K // 16) + wrow[:, None].to(tl.int64) * (K // 16) + (k_offs[None, :] // 16)
-        s = tl.load(ws_ptr + s_offs, mask=m2, other=0)
-        v = v * _decode(s, 4, 3, 7)
+        sk = k0 // 16 + tl.arange(0, BLOCK_K // 16)
+        s_offs = e64 * N_ROWS * (K // 16) + wrow[:, None].to(tl.int64) * (K // 16) + sk[None, :]
+        s = tl.load(ws_ptr + s_offs, mask=n_mask[:, None] & (sk < K // 16)[None, :], other=0)
+        f = _decode(s, 4, 3, 7)
+        v = tl.reshape(tl.reshape(v, (BLOCK_N, BLOCK_K // 16, 16)) * f[:, :, None], (BLOCK_N, BLOCK_K))
     return v
 
 
@@ -262,11 +274,13 @@ def _dot_scaled_tile(a, w_ptr, ws_ptr, expert, wrow, k0, n_mask, N_ROWS, K, PACK
     else:
         kk = k0 + tl.arange(0, BLOCK_K)
         kp = K
-    w_t = tl.load(w_ptr + e64 * N_ROWS * kp + wrow[None, :].to(tl.int64) * kp + kk[:, None], mask=n_mask[None, :],
-                  other=0)
+    # K need not be a multiple of BLOCK_K (gpt-oss: 2880): codes past K load as 0 with scale 1, and the
+    # activation tile is 0 there
+    w_t = tl.load(w_ptr + e64 * N_ROWS * kp + wrow[None, :].to(tl.int64) * kp + kk[:, None],
+                  mask=n_mask[None, :] & (kk < kp)[:, None], other=0)
     sk = k0 // 32 + tl.arange(0, BLOCK_K // 32)
     sc = tl.load(ws_ptr + e64 * N_ROWS * (K // 32) + wrow[:, None].to(tl.int64) * (K // 32) + sk[None, :],
-                 mask=n_mask[:, None], other=127)
+                 mask=n_mask[:, None] & (sk < K // 32)[None, :], other=127)
     return tl.dot_scaled(a.to(tl.bfloat16), None, "bf16", w_t, sc, DS_FMT)
 
 
@@ -344,6 +358,8 @@ def moe_gemm_kernel(
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     expert = tl.load(block_expert_ptr + pid_m)
+    if expert < 0:  # a block past the used ones (the grid is sized for the worst case)
+        return
     pair = tl.load(sorted_rows_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
     m_mask = pair < n_pairs
     a_row = (pair // a_row_div).to(tl.int64)
@@ -373,12 +389,12 @@ def moe_gemm_kernel(
             else:
                 pu = pg
         else:
-            wg = _weight_tile(w_ptr, ws_ptr, expert, g_row, k_offs, n_mask, k_mask, N_ROWS, K, W_KIND, PACKED, EBITS,
-                              MBITS, BIAS, 32)
+            wg = _weight_tile(w_ptr, ws_ptr, expert, g_row, k0, n_mask, N_ROWS, K, W_KIND, PACKED, EBITS,
+                              MBITS, BIAS, BLOCK_N, BLOCK_K)
             pg = _dot(a, wg, INTERPRET_DOT)
             if GATED:
-                wu = _weight_tile(w_ptr, ws_ptr, expert, u_row, k_offs, n_mask, k_mask, N_ROWS, K, W_KIND, PACKED,
-                                  EBITS, MBITS, BIAS, 32)
+                wu = _weight_tile(w_ptr, ws_ptr, expert, u_row, k0, n_mask, N_ROWS, K, W_KIND, PACKED,
+                                  EBITS, MBITS, BIAS, BLOCK_N, BLOCK_K)
                 pu = _dot(a, wu, INTERPRET_DOT)
             else:
                 pu = pg

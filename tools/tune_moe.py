@@ -1,0 +1,71 @@
+"""Sweep tile sizes and launch parameters of the Triton MoE kernels on the GPU, at the gpt-oss-120b
+shape (and Qwen3 for NVFP4): median CUDA-graph replay time per config, after an L2 flush.
+
+    python3 tools/tune_moe.py [--quick]    # prints a table; JSON to $OUT/tune.json (or results/)
+
+The best config per (backend, scheme, token count) goes into the backends' tile table
+(harness/backends/triton_emulation.py: TILE_TABLE) by hand, with the run recorded in BENCHMARKS.md.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from harness.backends import load_backend  # noqa: E402
+from harness.bench import MODEL_SHAPES, capture, copy_bandwidth, device_checkpoint, median_ms, routed_inputs, weight_bytes  # noqa: E402
+
+DECODE = [dict(block_m=16, block_n=n, block_k=k, num_warps=w, num_stages=s)
+          for n, k, w, s in itertools.product((32, 64, 128), (128, 256), (4,), (2, 3, 4))]
+PREFILL = [dict(block_m=m, block_n=n, block_k=k, num_warps=w, num_stages=3)
+           for m, n, k, w in itertools.product((64, 128), (64, 128), (64, 128), (4, 8))]
+CASES = [("gpt-oss-120b", "w_mxfp4", "triton_dot_scaled"), ("gpt-oss-120b", "w_mxfp4", "triton_emulation"),
+         ("gpt-oss-120b", "w_nvfp4", "triton_emulation"), ("gpt-oss-120b", "bf16", "triton_emulation")]
+
+
+def main() -> int:
+    quick = "--quick" in sys.argv
+    bw = copy_bandwidth()
+    print(f"copy bandwidth {bw / 1e12:.2f} TB/s")
+    results = []
+    for model, scheme, name in CASES:
+        shape = MODEL_SHAPES[model]
+        ckpt = device_checkpoint(shape, scheme, "cuda")
+        backend = load_backend(name)
+        prep = backend.prepare(ckpt)
+        for tokens in ((8, 64) if quick else (1, 8, 64, 512, 8192)):
+            x, w, ids = routed_inputs(shape, tokens, "cuda")
+            w = w.float().contiguous()
+            nbytes = weight_bytes(ckpt, ids)
+            best = None
+            for cfg in (PREFILL if tokens >= 512 else DECODE):
+                backend.configure(**cfg)
+                try:
+                    replay, _ = capture(lambda: backend.launch(prep, x, w, ids))
+                    ms = median_ms(replay, rounds=10)
+                except Exception as exc:  # a config the compiler refuses (shared memory): skip it
+                    print(f"  {cfg}: {type(exc).__name__}: {str(exc)[:100]}")
+                    continue
+                row = dict(model=model, scheme=scheme, backend=name, tokens=tokens, **cfg, us=ms * 1e3,
+                           pct_copy=100 * nbytes / (ms / 1e3) / bw)
+                results.append(row)
+                if best is None or ms * 1e3 < best["us"]:
+                    best = row
+            print(f"{model} {scheme} {name} T={tokens}: best {best['us']:.1f} us ({best['pct_copy']:.1f}% of copy) "
+                  f"with {({k: best[k] for k in ('block_m', 'block_n', 'block_k', 'num_warps', 'num_stages')})}", flush=True)
+        del prep, ckpt
+        torch.cuda.empty_cache()
+    out = Path(os.environ.get("OUT", "results")) / "tune.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(dict(copy_tb_s=bw / 1e12, rows=results), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
