@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import platform as _py_platform
 import subprocess
 import sys
@@ -24,6 +25,21 @@ def pytest_addoption(parser):
     group = parser.getgroup("moe-conformance")
     group.addoption("--report", metavar="DIR", default=None,
                     help="write the conformance report (Markdown, HTML, JSON, histograms) into DIR")
+
+
+def _commit() -> str:
+    """The commit under test: MOE_CONFORMANCE_COMMIT where the tree travels without its .git (a copied
+    checkout may carry a stale one), else git's answer."""
+    if os.environ.get("MOE_CONFORMANCE_COMMIT"):
+        return os.environ["MOE_CONFORMANCE_COMMIT"]
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (no git)"
+    if subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True).stdout.strip():
+        commit += " (with local changes)"
+    return commit
 
 
 class _Collector:
@@ -90,13 +106,7 @@ class _Collector:
         from .platforms import host_info
 
         host = host_info()
-        try:
-            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                    check=True).stdout.strip()
-            if subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True).stdout.strip():
-                commit += " (with local changes)"
-        except (OSError, subprocess.CalledProcessError):
-            commit = "unknown (no git)"
+        commit = _commit()
         other = ", ".join(f"{n} {k}" for k, n in sorted(self.other.items())) or "none"
         return dict(platform=host.platform.name, device=host.device_name, torch=host.torch_version,
                     triton=host.triton_version, python=_py_platform.python_version(), commit=commit,

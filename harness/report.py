@@ -184,8 +184,9 @@ def render_markdown(results: list[CaseResult], meta: dict, dispatch: str, histog
         f"Command: `{meta.get('command')}`", "",
         f"Conformance cases: **{c['passed']} passed, {c['failed'] + c['error']} failed, {c['skipped']} skipped** "
         f"({len(ran)} ran). Other tests: {meta.get('other_tests', '')}.", "",
-        "Worst error: the largest |kernel - reference| over the case's output, in bf16 ulps of the reference "
-        "value; in brackets, as a fraction of the derived bound (pass <= 1).", "",
+        "Worst error: the largest |kernel - reference| in bf16 ulps of the reference value, over the outputs "
+        "at least 2^-8 of the case's largest (near-zero outputs are judged by the bound alone); in brackets, the "
+        "largest error as a fraction of the derived bound, over every output (pass <= 1).", "",
         "## Per platform and backend", "",
         "| platform | backend | passed | failed | skipped | worst ulps |", "|---|---|---|---|---|---|",
     ]
@@ -242,8 +243,10 @@ def render_html(results: list[CaseResult], meta: dict, dispatch: str, histograms
         f"<p class='totals' id='totals' data-passed='{c['passed']}' data-failed='{n_fail}' data-skipped='{c['skipped']}'>"
         f"<span class='ok'>{c['passed']} passed</span><span class='{'bad' if n_fail else 'ok'}'>{n_fail} failed</span>"
         f"<span class='skip'>{c['skipped']} skipped</span> conformance cases. Other tests: {e(str(meta.get('other_tests', '')))}</p>",
-        "<p>Worst error: the largest |kernel - reference| of the case, in bf16 ulps of the reference value; in "
-        "brackets as a fraction of the derived bound (a case passes at &le; 1). Hover a cell for the full reason.</p>",
+        "<p>Worst error: the largest |kernel - reference| in bf16 ulps of the reference value, over the outputs "
+        "at least 2^-8 of the case's largest (near-zero outputs are judged by the bound alone); in brackets the "
+        "largest error as a fraction of the derived bound, over every output (a case passes at &le; 1). Hover a "
+        "cell for the full reason.</p>",
         "<h2>Per platform and backend</h2><table id='summary'><tr><th>platform</th><th>backend</th><th>passed</th>"
         "<th>failed</th><th>skipped</th><th>worst ulps</th></tr>",
     ]

@@ -1,7 +1,8 @@
 """Sweep tile sizes and launch parameters of the Triton MoE kernels on the GPU, at the gpt-oss-120b
 shape (and Qwen3 for NVFP4): median CUDA-graph replay time per config, after an L2 flush.
 
-    python3 tools/tune_moe.py [--quick]    # prints a table; JSON to $OUT/tune.json (or results/)
+    python3 tools/tune_moe.py [--quick | --prefill]   # table; JSON to $OUT/tune.json (or results/)
+    (--quick: decode, 8 and 64 tokens; --prefill: 8192 tokens)
 
 The best config per (backend, scheme, token count) goes into the backends' tile table
 (harness/backends/triton_emulation.py: TILE_TABLE) by hand, with the run recorded in BENCHMARKS.md.
@@ -24,13 +25,13 @@ from harness.bench import MODEL_SHAPES, capture, copy_bandwidth, device_checkpoi
 DECODE = [dict(block_m=16, block_n=n, block_k=k, num_warps=w, num_stages=s)
           for n, k, w, s in itertools.product((32, 64, 128), (128, 256), (4,), (2, 3, 4))]
 PREFILL = [dict(block_m=m, block_n=n, block_k=k, num_warps=w, num_stages=3)
-           for m, n, k, w in itertools.product((64, 128), (64, 128), (64, 128), (4, 8))]
+           for m, n, k, w in itertools.product((64, 128), (64, 128), (64,), (4, 8))]
 CASES = [("gpt-oss-120b", "w_mxfp4", "triton_dot_scaled"), ("gpt-oss-120b", "w_mxfp4", "triton_emulation"),
          ("gpt-oss-120b", "w_nvfp4", "triton_emulation"), ("gpt-oss-120b", "bf16", "triton_emulation")]
 
 
 def main() -> int:
-    quick = "--quick" in sys.argv
+    quick, prefill = "--quick" in sys.argv, "--prefill" in sys.argv
     bw = copy_bandwidth()
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s")
     results = []
@@ -39,7 +40,9 @@ def main() -> int:
         ckpt = device_checkpoint(shape, scheme, "cuda")
         backend = load_backend(name)
         prep = backend.prepare(ckpt)
-        for tokens in ((8, 64) if quick else (1, 8, 64, 512, 8192)):
+        if prefill and scheme == "w_nvfp4":
+            continue
+        for tokens in ((8192,) if prefill else (8, 64) if quick else (1, 8, 64, 512, 8192)):
             x, w, ids = routed_inputs(shape, tokens, "cuda")
             w = w.float().contiguous()
             nbytes = weight_bytes(ckpt, ids)

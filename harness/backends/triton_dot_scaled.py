@@ -5,8 +5,6 @@ tl.dot_scaled is not implemented by the Triton interpreter: GPU only."""
 
 from __future__ import annotations
 
-import torch
-
 from .triton_emulation import TritonEmulationBackend
 
 _FORMATS = {"e2m1": "e2m1", "e4m3fn": "e4m3"}
@@ -16,9 +14,7 @@ class TritonDotScaledBackend(TritonEmulationBackend):
     name = "triton_dot_scaled"
     use_dot_scaled = True
 
-    def __init__(self, device: str | None = None):
-        super().__init__(device)
-        self.block_k = 128  # dot_scaled's scale tile needs K/32 >= 4
+    min_block_k = 128  # dot_scaled's scale tile needs K/32 >= 4
 
     def supports(self, problem, platform) -> tuple[bool, str]:
         s = problem.scheme

@@ -47,26 +47,47 @@ class Prepared:
     a2_scale: torch.Tensor | None
 
 
+TILE_KEYS = ("block_m", "block_n", "block_k", "num_warps", "num_stages")
+# (max pairs, weight kinds or None for any, tiles), first match wins. Decode rows from the H200 sweep
+# of tools/tune_moe.py --quick (results/gpu-issue8/tune.json); prefill rows from its prefill sweep.
+TILE_TABLE = (
+    (1024, (None,), dict(block_m=16, block_n=32, block_k=128, num_warps=4, num_stages=4)),  # bf16 weights
+    (1024, None, dict(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=3)),
+    (1 << 62, None, dict(block_m=64, block_n=128, block_k=64, num_warps=8, num_stages=3)),
+)
+
+
 class TritonEmulationBackend:
     name = "triton_emulation"
     operand_dtype = torch.float32  # operands are exact in bf16; scales multiply fp32 partial sums
     use_dot_scaled = False  # triton_dot_scaled's GEMMs use tl.dot_scaled on the MX weights
+    min_block_k = 16
 
     def __init__(self, device: str | None = None):
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        self.block_m = 16
-        self.block_n = 64
-        self.block_k = 64
-        self.num_warps = 4
-        self.num_stages = 2
+        self.tiles: dict | None = None  # fixed tiles (configure()); None: TILE_TABLE by pair count
+        self.last_compiled: dict = {}  # "w13"/"w2" -> the compiled kernel of the last launch (tools/kernel_report.py)
 
     def configure(self, **params) -> "TritonEmulationBackend":
-        """Set tile sizes and launch parameters (block_m, block_n, block_k, num_warps, num_stages)."""
-        for name, value in params.items():
-            if not hasattr(self, name) or name not in ("block_m", "block_n", "block_k", "num_warps", "num_stages"):
-                raise ValueError(f"unknown launch parameter {name!r}")
-            setattr(self, name, int(value))
+        """Fix tile sizes and launch parameters (block_m, block_n, block_k, num_warps, num_stages) instead
+        of the tile table's choice (tools/tune_moe.py sweeps them)."""
+        unknown = set(params) - set(TILE_KEYS)
+        if unknown:
+            raise ValueError(f"unknown launch parameters {sorted(unknown)}; expected some of {TILE_KEYS}")
+        self.tiles = {**self.tile_config(1, None), **{k: int(v) for k, v in params.items()}}
         return self
+
+    def tile_config(self, n_pairs: int, weight_kind: str | None) -> dict:
+        """Tiles for a launch: the fixed ones, or the first TILE_TABLE row that matches (measured on the
+        H200 with tools/tune_moe.py; BENCHMARKS.md). The interpreter keeps small tiles."""
+        if self.tiles is not None:
+            return self.tiles
+        if K.INTERPRET:
+            return dict(block_m=16, block_n=64, block_k=64, num_warps=4, num_stages=2)
+        for max_pairs, kinds, cfg in TILE_TABLE:
+            if n_pairs <= max_pairs and (kinds is None or weight_kind in kinds):
+                return dict(cfg, block_k=max(cfg["block_k"], self.min_block_k))
+        raise AssertionError("TILE_TABLE ends with a catch-all row")
 
     # ---- protocol --------------------------------------------------------------------------------
     def supports(self, problem, platform) -> tuple[bool, str]:
@@ -127,16 +148,18 @@ class TritonEmulationBackend:
             return torch.empty(0, h, dtype=torch.bfloat16, device=dev)
         isz = ckpt.intermediate_size
         p = t * k
-        sorted_rows, block_expert = self._align(topk_ids, ckpt.num_experts)
+        wq = ckpt.scheme.weight
+        tiles = self.tile_config(p, None if wq is None else wq.kind)
+        sorted_rows, block_expert = self._align(topk_ids, ckpt.num_experts, tiles["block_m"])
         aq, fp8_fmt = ckpt.scheme.act, ckpt.fp8_format
         a1, a1_mode, a1_scale = self._quantize_activation(x, prepared.a1_scale, aq, fp8_fmt)
         y = torch.empty(p, isz, dtype=torch.bfloat16, device=dev)
         self._gemm(prepared, "w13", a1, a1_mode, a1_scale, y, sorted_rows, block_expert, p, a_row_div=k,
-                   n_out=isz, k_dim=h, apply_act=True)
+                   n_out=isz, k_dim=h, apply_act=True, tiles=tiles)
         a2, a2_mode, a2_scale = self._quantize_activation(y, prepared.a2_scale, aq, fp8_fmt)
         z = torch.empty(p, h, dtype=torch.bfloat16, device=dev)
         self._gemm(prepared, "w2", a2, a2_mode, a2_scale, z, sorted_rows, block_expert, p, a_row_div=1,
-                   n_out=h, k_dim=isz, apply_act=False)
+                   n_out=h, k_dim=isz, apply_act=False, tiles=tiles)
         out = torch.empty(t, h, dtype=torch.bfloat16, device=dev)
         bh = 128
         K.topk_reduce_kernel[(t, triton_cdiv(h, bh))](z, topk_weights, out, h, TOP_K=k, BLOCK_H=bh)
@@ -243,12 +266,11 @@ class TritonEmulationBackend:
         _, s, v = self._fp8(x2.float().contiguous(), fmt, None, group, values=True)
         return v, 2, s
 
-    def _align(self, topk_ids, num_experts):
+    def _align(self, topk_ids, num_experts, bm: int):
         """Pairs (token, k) sorted by expert, each expert's run padded to BLOCK_M with the sentinel P.
         Sized for the worst case (sum over experts of ceil(count / BLOCK_M) <= ceil(P / BLOCK_M) +
         min(E, P) blocks) so that nothing is read back to the host; unused blocks get expert -1 and
         their programs return at once."""
-        bm = self.block_m
         flat = topk_ids.reshape(-1).long()
         p = flat.numel()
         dev = flat.device
@@ -268,7 +290,7 @@ class TritonEmulationBackend:
         return sorted_rows, block_expert
 
     def _gemm(self, prep: Prepared, which: str, a, a_mode, a_scale, out, sorted_rows, block_expert, n_pairs,
-              a_row_div, n_out, k_dim, apply_act):
+              a_row_div, n_out, k_dim, apply_act, tiles):
         ckpt = prep.ckpt
         wq = ckpt.scheme.weight
         act = ckpt.activation
@@ -280,8 +302,8 @@ class TritonEmulationBackend:
         n_rows = (2 * n_out if act.gated else n_out) if which == "w13" else n_out
         elem = None if wq is None else (ckpt.fp8_format if wq.kind == "fp8" else wq.elem)
         dummy = out
-        grid = (block_expert.numel(), triton_cdiv(n_out, self.block_n))
-        K.moe_gemm_kernel[grid](
+        grid = (block_expert.numel(), triton_cdiv(n_out, tiles["block_n"]))
+        self.last_compiled[which] = K.moe_gemm_kernel[grid](
             a, a_scale if a_mode else dummy, w, ws if ws is not None else dummy,
             block_scale if block_scale is not None else dummy, expert_scale if expert_scale is not None else dummy,
             bias if bias is not None else dummy, out, sorted_rows, block_expert, n_pairs, a_row_div, n_out, n_rows,
@@ -291,10 +313,10 @@ class TritonEmulationBackend:
             MBITS=elem.mbits if elem else 0, BIAS=elem.bias if elem else 0, W_BLOCK_SCALE=block_scale is not None,
             HAS_EXPERT_SCALE=expert_scale is not None, HAS_BIAS=bias is not None,
             GATED=bool(apply_act and act.gated), INTERLEAVED=act.interleaved, ACT=_ACT_IDS[act.formula],
-            APPLY_ACT=apply_act, HAS_LIMIT=act.limit is not None, BLOCK_M=self.block_m, BLOCK_N=self.block_n,
-            BLOCK_K=self.block_k, INTERPRET_DOT=K.INTERPRET,
+            APPLY_ACT=apply_act, HAS_LIMIT=act.limit is not None, BLOCK_M=tiles["block_m"],
+            BLOCK_N=tiles["block_n"], BLOCK_K=tiles["block_k"], INTERPRET_DOT=K.INTERPRET,
             DOT_SCALED=self.use_dot_scaled, DS_FMT=self.dot_scaled_format(elem) if self.use_dot_scaled else "e2m1",
-            num_warps=self.num_warps, num_stages=self.num_stages,
+            num_warps=tiles["num_warps"], num_stages=tiles["num_stages"],
         )
 
 

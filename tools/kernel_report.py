@@ -1,0 +1,87 @@
+"""Where the time of the Triton MoE GEMM goes: compile the GEMM1 kernel of each weight path at the
+gpt-oss-120b shape and report registers, spills, shared memory, occupancy, and the SASS instruction mix
+(static counts by class), beside the measured time of the whole forward at 64 tokens.
+
+    python3 tools/kernel_report.py      # on the GPU; JSON to $OUT/kernel_report.json (or results/)
+"""
+from __future__ import annotations
+
+import collections
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from harness.backends import load_backend  # noqa: E402
+from harness.bench import MODEL_SHAPES, capture, copy_bandwidth, device_checkpoint, median_ms, routed_inputs, weight_bytes  # noqa: E402
+
+VARIANTS = [("bf16", "triton_emulation"), ("w_mxfp4", "triton_emulation"), ("w_mxfp4", "triton_dot_scaled"),
+            ("w_nvfp4", "triton_emulation")]
+CLASSES = {  # SASS opcode prefix -> class
+    "tensor": ("HGMMA", "HMMA", "WGMMA"), "global memory": ("LDG", "STG", "LDGSTS", "UTMALDG", "LDGDEPBAR"),
+    "shared memory": ("LDS", "STS", "LDSM", "STSM"), "fp32 math": ("FMUL", "FFMA", "FADD", "FMNMX", "FSETP", "FSEL"),
+    "conversion / permute": ("F2F", "F2I", "I2F", "PRMT", "F2FP"), "integer / logic": ("IADD", "IMAD", "LOP3", "SHF", "ISETP",
+                                                                                    "SEL", "LEA", "IMNMX", "BMSK", "SGXT"),
+}
+
+
+def sass_mix(sass: str) -> dict:
+    counts = collections.Counter()
+    for line in sass.splitlines():
+        m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", line)
+        if not m:
+            continue
+        op = m.group(1)
+        cls = next((c for c, prefixes in CLASSES.items() if op.startswith(prefixes)), "other")
+        counts[cls] += 1
+        counts["total"] += 1
+    return dict(counts)
+
+
+def main() -> int:
+    shape = MODEL_SHAPES["gpt-oss-120b"]
+    bw = copy_bandwidth()
+    props = torch.cuda.get_device_properties(0)
+    rows = []
+    for scheme, name in VARIANTS:
+        ckpt = device_checkpoint(shape, scheme, "cuda")
+        backend = load_backend(name)
+        prep = backend.prepare(ckpt)
+        x, w, ids = routed_inputs(shape, 64, "cuda")
+        w = w.float().contiguous()
+        replay, _ = capture(lambda: backend.launch(prep, x, w, ids))
+        ms = median_ms(replay, rounds=10)
+        k = backend.last_compiled["w13"]
+        try:
+            sass = k.asm["sass"]
+        except Exception as exc:  # no disassembler: fall back to PTX line counts
+            sass = ""
+            print(f"no SASS ({exc}); PTX only")
+        regs, spills, smem = k.n_regs, k.n_spills, k.metadata.shared
+        wq = ckpt.scheme.weight
+        tiles = backend.tile_config(64 * shape.top_k, None if wq is None else wq.kind)
+        warps = tiles["num_warps"]
+        by_regs = 65536 // max(1, regs * 32 * warps)
+        by_smem = (props.shared_memory_per_multiprocessor // smem) if smem else 32
+        blocks = min(by_regs, by_smem, 32, 64 // warps)
+        row = dict(scheme=scheme, backend=name, us=ms * 1e3, pct_copy=100 * weight_bytes(ckpt, ids) / (ms / 1e3) / bw,
+                   regs=regs, spills=spills, shared_bytes=smem, blocks_per_sm=blocks, warps_per_sm=blocks * warps,
+                   sass=sass_mix(sass), ptx_lines=len(k.asm["ptx"].splitlines()),
+                   tile=tiles)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        del prep, ckpt
+        torch.cuda.empty_cache()
+    out = Path(os.environ.get("OUT", "results")) / "kernel_report.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(dict(copy_tb_s=bw / 1e12, rows=rows), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
