@@ -43,6 +43,30 @@ def sass_mix(sass: str) -> dict:
     return dict(counts)
 
 
+PTX_CLASSES = {  # PTX opcode prefix -> class (the compiler's report before ptxas)
+    "tensor": ("wgmma", "mma"), "global memory": ("ld.global", "st.global", "cp.async"),
+    "shared memory": ("ld.shared", "st.shared", "ldmatrix", "stmatrix"),
+    "fp32 math": ("fma.rn.f32", "mul.f32", "mul.rn.f32", "add.f32", "add.rn.f32", "max.f32", "min.f32", "sub.f32",
+                  "neg.f32", "ex2", "rcp", "div"),
+    "conversion / permute": ("cvt", "prmt", "mov.b32 {", "mov.b64 {"),
+    "integer / logic": ("and.", "or.", "xor.", "shl.", "shr.", "add.s", "add.u", "sub.s", "mul.lo", "mad.lo", "selp",
+                        "setp", "min.s", "max.s", "bfe", "bfi", "lop3"),
+}
+
+
+def ptx_mix(ptx: str) -> dict:
+    counts = collections.Counter()
+    for line in ptx.splitlines():
+        op = line.strip()
+        if not op or op.startswith(("//", ".", "{", "}", "$")) or op.endswith(":"):
+            continue
+        op = op.split("@", 1)[-1].lstrip("!%p0123456789 ") if op.startswith("@") else op
+        cls = next((c for c, prefixes in PTX_CLASSES.items() if op.startswith(prefixes)), "other")
+        counts[cls] += 1
+        counts["total"] += 1
+    return dict(counts)
+
+
 def main() -> int:
     shape = MODEL_SHAPES["gpt-oss-120b"]
     bw = copy_bandwidth()
@@ -71,7 +95,7 @@ def main() -> int:
         blocks = min(by_regs, by_smem, 32, 64 // warps)
         row = dict(scheme=scheme, backend=name, us=ms * 1e3, pct_copy=100 * weight_bytes(ckpt, ids) / (ms / 1e3) / bw,
                    regs=regs, spills=spills, shared_bytes=smem, blocks_per_sm=blocks, warps_per_sm=blocks * warps,
-                   sass=sass_mix(sass), ptx_lines=len(k.asm["ptx"].splitlines()),
+                   sass=sass_mix(sass), sass_head=sass[:300], ptx=ptx_mix(k.asm["ptx"]),
                    tile=tiles)
         rows.append(row)
         print(json.dumps(row), flush=True)

@@ -53,7 +53,8 @@ TILE_KEYS = ("block_m", "block_n", "block_k", "num_warps", "num_stages")
 TILE_TABLE = (
     (1024, (None,), dict(block_m=16, block_n=32, block_k=128, num_warps=4, num_stages=4)),  # bf16 weights
     (1024, None, dict(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=3)),
-    (1 << 62, None, dict(block_m=64, block_n=128, block_k=64, num_warps=8, num_stages=3)),
+    (1 << 62, (None,), dict(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3)),
+    (1 << 62, None, dict(block_m=128, block_n=64, block_k=64, num_warps=8, num_stages=3)),
 )
 
 
