@@ -33,7 +33,8 @@ CLASSES = {  # SASS opcode prefix -> class
 def sass_mix(sass: str) -> dict:
     counts = collections.Counter()
     for line in sass.splitlines():
-        m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", line)
+        # nvdisasm style "/*0040*/  OPCODE ..." or Triton's "ctrl\tOPCODE ...", either with a predicate
+        m = re.match(r"(?:\s*/\*[0-9a-f]+\*/\s+|[-\w:]+\t)(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", line)
         if not m:
             continue
         op = m.group(1)

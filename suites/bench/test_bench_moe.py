@@ -1,0 +1,111 @@
+"""MoE forward benchmarks (pytest-benchmark), every backend in one run at the shapes users run.
+
+On a GPU (`make bench`): each case first checks the backend against the reference at the model's H and
+I with 8 experts (the derived bound), then times the full shape: a CUDA graph of the backend's launch
+(eager for backends that synchronise with the host), replayed after an L2 flush, CUDA-event medians;
+extra_info and bench/table.md hold bytes, FLOPs, TB/s, % of the copy bandwidth and TFLOP/s, % of the
+dense bf16 matmul, both measured in the same run. On a CPU the same tests run once, at a small shape,
+as correctness checks (the Triton interpreter)."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from harness.backends import Problem, load_backend
+from harness.bench import (CPU_SHAPE, MODEL_SHAPES, TOKENS, DequantizeAllBaseline, capture, device_checkpoint,
+                           flush_l2, io_bytes, median_ms, moe_flops, routed_inputs, weight_bytes)
+from harness.conformance import Shape, compare_backend, reference_run
+from harness.platforms import detect_platform
+from reference.activations import activation_by_name
+from reference.schemes import scheme_by_name
+
+GPU = torch.cuda.is_available()
+BACKENDS = ("triton_emulation", "triton_dot_scaled", "dequantize_all", "torch_fp8")
+ROUNDS = 20
+
+
+@functools.lru_cache(maxsize=None)
+def _backend(name: str):
+    return DequantizeAllBaseline() if name == "dequantize_all" else load_backend(name)
+
+
+def _cases():
+    host = detect_platform()
+    if GPU:
+        plan = [(shape, scheme, tokens) for shape in MODEL_SHAPES.values() for scheme in shape.schemes for tokens in TOKENS]
+    else:
+        plan = [(CPU_SHAPE, scheme, tokens) for scheme in ("w_mxfp4", "w_nvfp4", "bf16") for tokens in (1, 8)]
+    for shape, scheme, tokens in plan:
+        problem = Problem(scheme_by_name(scheme), activation_by_name(shape.activation),
+                          has_bias=shape.activation == "SWIGLUOAI")
+        for name in BACKENDS:
+            backend = _backend(name)
+            ok, reason = backend.supports(problem, host)
+            if ok:
+                ok, reason = getattr(backend, "available", lambda p: (True, ""))(host)
+            marks = [] if ok else [pytest.mark.skip(reason=f"{name}: {reason}")]
+            yield pytest.param((shape, scheme, tokens, name), marks=marks, id=f"{shape.name}/{scheme}/T{tokens}/{name}")
+
+
+@functools.lru_cache(maxsize=None)
+def _correct(name: str, shape_name: str, scheme: str) -> str:
+    """Checked against the reference at the model's H and I, 8 experts (or the CPU shape): the bound."""
+    shape = CPU_SHAPE if shape_name == CPU_SHAPE.name else MODEL_SHAPES[shape_name]
+    small = Shape(num_experts=min(8, shape.num_experts), hidden_size=shape.hidden_size,
+                  intermediate_size=shape.intermediate_size, tokens=16, top_k=min(shape.top_k, 4))
+    ckpt, inputs, out, trace = reference_run(scheme, shape.activation, "e4m3fn", small, 0)
+    result = compare_backend(_backend(name), ckpt, inputs, out, trace, f"{shape_name}/{scheme}/{name}")
+    assert result.ok, result.message()
+    return result.message()
+
+
+@functools.lru_cache(maxsize=1)  # one full-size checkpoint at a time: Kimi-K2 in bf16 is 34 GB
+def _device_checkpoint(shape_name: str, scheme: str):
+    return device_checkpoint(MODEL_SHAPES[shape_name], scheme, "cuda")
+
+
+@pytest.mark.parametrize("case", list(_cases()))
+def test_moe_forward(case, benchmark, bench_rows):
+    shape, scheme, tokens, name = case
+    backend = _backend(name)
+    benchmark.extra_info["correctness"] = _correct(name, shape.name, scheme)
+    if not GPU:
+        ckpt, inputs, _, _ = reference_run(scheme, shape.activation, "e4m3fn",
+                                           Shape(shape.num_experts, shape.hidden_size, shape.intermediate_size, tokens,
+                                                 shape.top_k), 1)
+        prep = backend.prepare(ckpt)
+        benchmark.pedantic(lambda: backend.forward(prep, *inputs), rounds=1, iterations=1)
+        return
+    ckpt = _device_checkpoint(shape.name, scheme)
+    prep = backend.prepare(ckpt)
+    x, w, ids = routed_inputs(shape, tokens, "cuda")
+    w = w.float().contiguous()
+    eager = backend.forward(prep, x, w, ids)
+    assert bool(torch.isfinite(eager).all()), "non-finite output at the full shape"
+    if hasattr(backend, "launch"):
+        replay, static_out = capture(lambda: backend.launch(prep, x, w, ids))
+        replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static_out, eager), "graph replay differs from the eager forward (nondeterminism?)"
+        timed, mode = replay, "cuda-graph"
+    else:
+        timed, mode = (lambda: backend.forward(prep, x, w, ids)), "eager"
+    rounds = ROUNDS if median_ms(timed, rounds=3) < 20 else 5  # the dequantize-all baseline takes 100s of ms
+    benchmark.pedantic(timed, setup=flush_l2, rounds=rounds, warmup_rounds=2, iterations=1)
+    from harness.bench import anchors
+
+    ms = median_ms(timed, rounds=rounds)
+    a = anchors()
+    nbytes = weight_bytes(ckpt, ids)
+    flops = moe_flops(shape, tokens)
+    row = dict(model=shape.name, scheme=scheme, tokens=tokens, backend=name, mode=mode, us=ms * 1e3,
+               bytes=nbytes + io_bytes(shape, tokens), weight_bytes=nbytes, flops=flops,
+               experts_used=int(torch.unique(ids).numel()),
+               tb_s=nbytes / (ms / 1e3) / 1e12, tflops=flops / (ms / 1e3) / 1e12)
+    row["pct_copy"] = 100 * row["tb_s"] / a["copy_tb_s"]
+    row["pct_dense"] = 100 * row["tflops"] / a["dense_bf16_tflops"]
+    benchmark.extra_info.update(row)
+    bench_rows.append(row)
