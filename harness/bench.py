@@ -182,8 +182,8 @@ def device_checkpoint(shape: ModelShape, scheme_name: str, device, seed: int = 0
     wq = scheme.weight
 
     def weight(rows: int, cols: int) -> QuantizedWeight:
-        if wq is None:
-            return QuantizedWeight((torch.randn(e, rows, cols, generator=g, device=device) * 0.02).to(torch.bfloat16))
+        if wq is None:  # drawn in bf16 directly: Kimi-K2's w13 in fp32 alone would be 42 GB
+            return QuantizedWeight(torch.randn(e, rows, cols, generator=g, device=device, dtype=torch.bfloat16).mul_(0.02))
         if wq.kind in ("mx", "nvfp4") and wq.elem.nbits == 4:
             data = torch.randint(0, 256, (e, rows, cols // 2), generator=g, device=device, dtype=torch.uint8)
         elif wq.kind == "mx":  # MXFP8/MXFP6 codes: one per byte, NaN-free
@@ -262,27 +262,41 @@ class DequantizeAllBaseline:
                    for n in ("w13", "w2")}
         return dict(inner=self.inner.prepare(weightless), ckpt=ckpt, luts=luts, weights=weights)
 
+    EXPERTS_PER_CHUNK = 16  # bounds the fp32 temporaries (Kimi-K2: 384 experts, 11G weights)
+
+    @classmethod
+    def _dequantize(cls, w: QuantizedWeight, ckpt: MoECheckpoint, luts) -> torch.Tensor:
+        wq = ckpt.scheme.weight
+        e = w.data.shape[0]
+        k = w.data.shape[2] * (2 if wq.kind != "fp8" and wq.elem.nbits == 4 else 1)
+        out = torch.empty(e, w.data.shape[1], k, dtype=torch.bfloat16, device=w.data.device)
+        for e0 in range(0, e, cls.EXPERTS_PER_CHUNK):
+            sl = slice(e0, e0 + cls.EXPERTS_PER_CHUNK)
+            out[sl] = cls._dequantize_experts(w, sl, ckpt, luts)
+        return out
+
     @staticmethod
-    def _dequantize(w: QuantizedWeight, ckpt: MoECheckpoint, luts) -> torch.Tensor:
+    def _dequantize_experts(w: QuantizedWeight, sl: slice, ckpt: MoECheckpoint, luts) -> torch.Tensor:
         from reference.checkpoints import nvfp4_decode_scale
 
         wq = ckpt.scheme.weight
-        codes = w.data
+        codes = w.data[sl]
         if wq.kind != "fp8" and wq.elem.nbits == 4:
             codes = torch.stack((codes & 0xF, codes >> 4), dim=-1).flatten(-2)
-        v = luts["code"][codes.long()]
+        v = luts["code"][codes.int()]
         e, n, k = v.shape
         if wq.kind == "mx":
-            s = torch.exp2(w.scale.float() - 127)
+            s = torch.exp2(w.scale[sl].float() - 127)
             v = (v.view(e, n, k // 32, 32) * s[..., None]).view(e, n, k)
         elif wq.kind == "nvfp4":
-            s = luts["e4m3"][w.scale.long()] * nvfp4_decode_scale(w.global_scale, ckpt.nvfp4_global_convention)[:, None, None]
-            v = (v.view(e, n, k // 16, 16) * s[..., None]).view(e, n, k)
-        elif w.scale.dim() == 1:
-            v = v * w.scale[:, None, None]
-        else:
-            s = w.scale.repeat_interleave(128, 1).repeat_interleave(128, 2)
-            v = v * s
+            s_dec = nvfp4_decode_scale(w.global_scale[sl], ckpt.nvfp4_global_convention)
+            # the reference's order: code value x block scale, then x the global decode scale
+            v = (v.view(e, n, k // 16, 16) * luts["e4m3"][w.scale[sl].int()][..., None]
+                 * s_dec[:, None, None, None]).view(e, n, k)
+        elif w.scale[sl].numel() == e:  # per-tensor FP8: one scale per expert, any shape
+            v = v * w.scale[sl].reshape(e, 1, 1)
+        else:  # FP8 128x128 blocks
+            v = v * w.scale[sl].repeat_interleave(128, 1).repeat_interleave(128, 2)
         return v.to(torch.bfloat16)
 
     def launch(self, prep, x, topk_weights, topk_ids):

@@ -62,9 +62,16 @@ def _correct(name: str, shape_name: str, scheme: str) -> str:
     return result.message()
 
 
-@functools.lru_cache(maxsize=1)  # one full-size checkpoint at a time: Kimi-K2 in bf16 is 34 GB
+_CKPT: dict = {}
+
+
 def _device_checkpoint(shape_name: str, scheme: str):
-    return device_checkpoint(MODEL_SHAPES[shape_name], scheme, "cuda")
+    """One full-size checkpoint at a time (Kimi-K2 in bf16 is 34 GB): the previous one is freed first."""
+    if (shape_name, scheme) not in _CKPT:
+        _CKPT.clear()
+        torch.cuda.empty_cache()
+        _CKPT[(shape_name, scheme)] = device_checkpoint(MODEL_SHAPES[shape_name], scheme, "cuda")
+    return _CKPT[(shape_name, scheme)]
 
 
 @pytest.mark.parametrize("case", list(_cases()))
