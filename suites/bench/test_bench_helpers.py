@@ -1,0 +1,55 @@
+"""The benchmark's own arithmetic, on the CPU: the dequantize-all baseline dequantizes exactly as the
+reference, bytes and FLOPs are what the shapes say, and the targets read the rows they are given."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.bench import (MODEL_SHAPES, DequantizeAllBaseline, evaluate_targets, format_targets, moe_flops,
+                           weight_bytes, write_bench_report)
+from reference.checkpoints import dequantize_weight, make_checkpoint
+
+
+@pytest.mark.parametrize("scheme", ["w_mxfp4", "w_nvfp4", "w_fp8_a_fp8", "w_fp8_a_fp8_block", "w_mxfp6_e3m2", "w_mxfp8"])
+def test_dequantize_all_baseline_matches_the_reference_bit_for_bit(scheme):
+    ckpt = make_checkpoint(scheme, "SILU", 20, 256, 128, seed=1)  # 20 experts: more than one chunk
+    b = DequantizeAllBaseline(device="cpu")
+    prep = b.prepare(ckpt)
+    for name, wq in (("w13", ckpt.w13), ("w2", ckpt.w2)):
+        got = b._dequantize(prep["weights"][name], ckpt, prep["luts"])
+        assert torch.equal(got, dequantize_weight(wq, ckpt.scheme.weight, ckpt).to(torch.bfloat16)), name
+
+
+def test_weight_bytes_count_each_activated_expert_once():
+    ckpt = make_checkpoint("w_mxfp4", "SILU", 4, 128, 64, seed=0)
+    per_expert = (128 * 128 // 2 + 128 * 128 // 32) + (128 * 64 // 2 + 128 * 64 // 32)
+    ids = torch.tensor([[0, 1], [1, 0], [3, 0]])
+    assert weight_bytes(ckpt, ids) == 3 * per_expert
+
+
+def test_flops_of_gpt_oss_at_one_token():
+    s = MODEL_SHAPES["gpt-oss-120b"]
+    assert moe_flops(s, 1) == 2 * 4 * (2 * 2880 * 2880 + 2880 * 2880)
+
+
+def _row(model, scheme, tokens, backend, us):
+    return dict(model=model, scheme=scheme, tokens=tokens, backend=backend, us=us, pct_copy=1000 / us,
+                pct_dense=1000 / us, tb_s=1.0, tflops=1.0, flops=10, bytes=5)
+
+
+def test_targets_are_judged_on_the_fastest_kernel_and_never_on_the_baseline(tmp_path):
+    rows = [_row("gpt-oss-120b", "w_mxfp4", 8, "slow", 100.0), _row("gpt-oss-120b", "w_mxfp4", 8, "fast", 10.0),
+            _row("gpt-oss-120b", "w_mxfp4", 8, "dequantize_all", 200.0), _row("gpt-oss-120b", "bf16", 8, "k", 30.0),
+            _row("gpt-oss-120b", "w_nvfp4", 8, "k", 11.0)]
+    t = {(x["target"], x["case"].split(" (")[0]): x for x in evaluate_targets(rows, {})}
+    bw = t[("MXFP4 W4A16 decode: % of copy bandwidth", "gpt-oss-120b T=8")]
+    assert bw["value"] == 100.0 and bw["met"]
+    assert t[("decode: x faster than dequantize-all", "gpt-oss-120b w_mxfp4 T=8")]["value"] == 20.0
+    slow_bf16 = t[("decode: x faster than bf16 unquantized", "gpt-oss-120b w_mxfp4 T=8")]
+    assert slow_bf16["value"] == 3.0 and slow_bf16["met"]
+    nv = t[("NVFP4 time / MXFP4 W4A16 time", "gpt-oss-120b w_nvfp4 T=8")]
+    assert nv["value"] == pytest.approx(1.1) and nv["met"]
+    assert "**no**" not in format_targets([x for x in t.values() if x["met"]])
+    paths = write_bench_report(rows, dict(copy_tb_s=4.0, dense_bf16_tflops=800.0, device="test"), tmp_path)
+    assert (tmp_path / "roofline.png").read_bytes()[:4] == b"\x89PNG" and paths["targets"].exists()
