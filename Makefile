@@ -24,7 +24,8 @@ test: $(SETUP) browser
 
 # This machine's platform (cpu, sm90, ...) decides the cases: `pytest -m <platform>`. The report
 # (summary.md, index.html, results.json, histograms/, junit.xml) lands in report/ even when cases fail.
-# PROFILE=nightly SUITES=suites is the nightly GPU leg (every suite, many examples, database written).
+# PROFILE=nightly SUITES="suites --ignore=suites/bench" is the nightly GPU leg (every suite but the
+# benchmarks, which make bench runs; many examples, database written).
 PROFILE ?= ci
 SUITES  ?= suites/test_conformance.py
 conformance: $(SETUP)
