@@ -63,6 +63,7 @@ class TritonEmulationBackend:
     operand_dtype = torch.float32  # operands are exact in bf16; scales multiply fp32 partial sums
     use_dot_scaled = False  # triton_dot_scaled's GEMMs use tl.dot_scaled on the MX weights
     min_block_k = 16
+    swap_ab = False  # triton_dot_scaled: weights as dot_scaled's left operand (see moe_gemm_kernel)
 
     def __init__(self, device: str | None = None):
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -317,7 +318,7 @@ class TritonEmulationBackend:
             APPLY_ACT=apply_act, HAS_LIMIT=act.limit is not None, BLOCK_M=tiles["block_m"],
             BLOCK_N=tiles["block_n"], BLOCK_K=tiles["block_k"], INTERPRET_DOT=K.INTERPRET,
             DOT_SCALED=self.use_dot_scaled, DS_FMT=self.dot_scaled_format(elem) if self.use_dot_scaled else "e2m1",
-            num_warps=tiles["num_warps"], num_stages=tiles["num_stages"],
+            SWAP_AB=self.use_dot_scaled and self.swap_ab, num_warps=tiles["num_warps"], num_stages=tiles["num_stages"],
         )
 
 
