@@ -4,6 +4,8 @@ harness.conformance.skip_reason, at collection)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from hypothesis import HealthCheck, example, given, note, settings, target
@@ -12,6 +14,7 @@ from hypothesis import strategies as st
 from harness.conformance import (SHAPES, _checkpoint, case_inputs, compare_backend, problem_for, quantizer_cases,
                                  quantizer_property, run_case)
 from harness.platforms import PLATFORMS, detect_platform
+from harness.tolerances import compare, moe_error_bound
 from harness.report import CASE_PROPERTY, case_properties
 from reference.activations import ACTIVATIONS
 from reference.moe import fused_moe
@@ -89,3 +92,28 @@ def test_backend_quantizer_entry_points_are_bit_exact(backend_name, backends):
     if not quantizer_cases(backend):
         pytest.skip(f"{backend_name} exposes no quantizer entry points")
     quantizer_property(backend, settings(max_examples=30))()
+
+
+def test_extreme_mx_weight_scales(backend_name, backends):
+    """MX weights whose every w2 block scale is 2^-127 (code 0: weights and outputs are fp32/bf16
+    subnormals, which a flush-to-zero kernel loses) or 2^13 must give the reference's output too. The
+    test first shows that a flushed result would fail."""
+    backend = backends[backend_name]
+    host = detect_platform()
+    schemes = [s for s, a, p in _runnable(backend) if p == host.name and a == "SILU" and s in ("w_mxfp4", "w_mxfp8")]
+    if not schemes:
+        pytest.skip(f"{backend_name} runs no MX-weight scheme with SILU here")
+    shape = _shape()
+    x, w, ids = case_inputs(shape, 5)
+    for scheme in schemes:
+        base = _checkpoint(scheme, "SILU", host.fp8_format.name, shape, 0)
+        for code in (0, 140):
+            scale = torch.full_like(base.w2.scale, code)
+            ckpt = dataclasses.replace(base, w2=dataclasses.replace(base.w2, scale=scale))
+            out, trace = fused_moe(x, ckpt, w, ids, trace=True)
+            if code == 0:
+                flushed = torch.zeros_like(out)  # what flush-to-zero of the subnormal weights would give
+                assert not compare(out, flushed, moe_error_bound(trace, ckpt), "flushed").ok
+            what = f"{scheme}/SILU/{backend_name}/w2 scales 2^{code - 127}"
+            result = compare_backend(backend, ckpt, (x, w, ids), out, trace, what)
+            assert result.ok, result.message()

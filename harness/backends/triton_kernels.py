@@ -70,6 +70,20 @@ def round_bf16(x):
 
 
 @_device
+def bf16_to_f32(x):
+    """bf16 -> fp32 through the bits (a shift): exact for subnormals, which the interpreter's own
+    conversion gets wrong (Triton 3.9: 1.0837e-38 -> 9.918e-39)."""
+    return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+
+
+@_device
+def f32_to_bf16(x):
+    """A value already on the bf16 grid (round_bf16's output) as bf16, through the bits: exact for
+    subnormals under the interpreter too."""
+    return (x.to(tl.uint32, bitcast=True) >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@_device
 def _encode_mag(y, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr):
     """Magnitude code of y >= 0 (fp32, finite or +Inf) in a format (mbits, emin, emax), RNE, saturated."""
     e_bits = y.to(tl.int32, bitcast=True) & 0x7F800000
@@ -99,13 +113,14 @@ def _encode(x, p, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, M
 @_device
 def _decode(code, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr):
     """Value of a (finite) signed minifloat code with subnormals, as fp32."""
+    # normal codes map onto fp32 fields directly (exponent + 127 - BIAS, mantissa left-aligned); the
+    # subnormal ones (exponent field 0) are m * 2^(1 - BIAS - MBITS); the sign goes to bit 31
     code = code.to(tl.int32)
     mag = code & ((1 << (EBITS + MBITS)) - 1)
-    e = mag >> MBITS
-    m = mag & ((1 << MBITS) - 1)
-    unit = tl.where(e == 0, m, m + (1 << MBITS)).to(tl.float32)
-    v = _ldexp(unit, tl.maximum(e, 1) - BIAS - MBITS)
-    return tl.where((code >> (EBITS + MBITS)) != 0, -v, v)
+    normal = ((mag << (23 - MBITS)) + ((127 - BIAS) << 23)).to(tl.float32, bitcast=True)
+    sub = mag.to(tl.float32) * _exp2i(tl.full(mag.shape, 1 - BIAS - MBITS, tl.int32))
+    v = tl.where(mag < (1 << MBITS), sub, normal)
+    return (v.to(tl.int32, bitcast=True) | ((code >> (EBITS + MBITS)) << 31)).to(tl.float32, bitcast=True)
 
 
 # ---- quantizer kernels -------------------------------------------------------------------------
@@ -143,7 +158,7 @@ def mx_quantize_kernel(x_ptr, codes_ptr, scales_ptr, values_ptr, n_rows, n_cols,
     tl.store(scales_ptr + rows * (n_cols // 32) + pid_b, scale.to(tl.uint8), mask=rows < n_rows)
     if WRITE_VALUES:
         v = _ldexp(_decode(codes, EBITS, MBITS, BIAS), shared[:, None])
-        tl.store(values_ptr + offs, v.to(tl.bfloat16), mask=mask)
+        tl.store(values_ptr + offs, f32_to_bf16(v), mask=mask)
 
 
 @triton.jit
@@ -173,7 +188,7 @@ def nvfp4_quantize_kernel(x_ptr, codes_ptr, scales_ptr, values_ptr, s_dec_ptr, n
     tl.store(scales_ptr + rows * (n_cols // 16) + pid_b, stored.to(tl.uint8), mask=rows < n_rows)
     if WRITE_VALUES:
         v = _decode(codes, 2, 1, 1) * stored_v[:, None]
-        tl.store(values_ptr + offs, v.to(tl.bfloat16), mask=mask)
+        tl.store(values_ptr + offs, f32_to_bf16(v), mask=mask)
 
 
 @triton.jit
@@ -206,7 +221,7 @@ def fp8_quantize_kernel(x_ptr, codes_ptr, scale_ptr, values_ptr, n_rows, n_cols,
     codes = _encode(xs, 1.0, MBITS, EMIN, EMAX, MAX_CODE, SIGN_BIT, FNUZ)
     tl.store(codes_ptr + offs, codes.to(tl.uint8), mask=mask)
     if WRITE_VALUES:
-        tl.store(values_ptr + offs, _decode(codes, EBITS, MBITS, BIAS).to(tl.bfloat16), mask=mask)
+        tl.store(values_ptr + offs, f32_to_bf16(_decode(codes, EBITS, MBITS, BIAS)), mask=mask)
 
 
 # ---- fused MoE ---------------------------------------------------------------------------------
@@ -230,7 +245,7 @@ def _weight_tile(w_ptr, ws_ptr, expert, wrow, k0, n_mask, N_ROWS, K,
     m2 = n_mask[:, None] & (k_offs < K)[None, :]
     if W_KIND == 0:
         offs = e64 * N_ROWS * K + wrow[:, None].to(tl.int64) * K + k_offs[None, :]
-        return tl.load(w_ptr + offs, mask=m2, other=0.0).to(tl.float32)
+        return bf16_to_f32(tl.load(w_ptr + offs, mask=m2, other=0.0))
     if PACKED:
         # each byte once: [BN, BK/2] bytes, both nibbles decoded, interleaved back (low nibble = even k)
         kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
@@ -247,12 +262,13 @@ def _weight_tile(w_ptr, ws_ptr, expert, wrow, k0, n_mask, N_ROWS, K,
         # one E8M0 scale per 32 weights: 2^(s - 127) as two exact power-of-two factors, NaN for 0xFF
         sk = k0 // 32 + tl.arange(0, BLOCK_K // 32)
         s_offs = e64 * N_ROWS * (K // 32) + wrow[:, None].to(tl.int64) * (K // 32) + sk[None, :]
-        s = tl.load(ws_ptr + s_offs, mask=n_mask[:, None] & (sk < K // 32)[None, :], other=127).to(tl.int32) - 127
-        s1 = s >> 1
-        f1 = tl.where(s == 128, float("nan"), _exp2i(s1))
-        f2 = _exp2i(s - s1)
+        s = tl.load(ws_ptr + s_offs, mask=n_mask[:, None] & (sk < K // 32)[None, :], other=127).to(tl.int32)
+        # 2^(s - 127) as one fp32 factor per block: exponent bits for s in 1..254, the subnormal 2^-127
+        # for s = 0, NaN for 0xFF; one exact multiply per weight
+        f = tl.where(s == 0, 0x00400000, s << 23).to(tl.float32, bitcast=True)
+        f = tl.where(s == 255, float("nan"), f)
         v3 = tl.reshape(v, (BLOCK_N, BLOCK_K // 32, 32))
-        v = tl.reshape(v3 * f1[:, :, None] * f2[:, :, None], (BLOCK_N, BLOCK_K))
+        v = tl.reshape(v3 * f[:, :, None], (BLOCK_N, BLOCK_K))
     if W_KIND == 2:
         sk = k0 // 16 + tl.arange(0, BLOCK_K // 16)
         s_offs = e64 * N_ROWS * (K // 16) + wrow[:, None].to(tl.int64) * (K // 16) + sk[None, :]
@@ -423,8 +439,8 @@ def moe_gemm_kernel(
         for k0 in range(0, K, BLOCK_K):
             k_offs = k0 + tl.arange(0, BLOCK_K)
             k_mask = k_offs < K
-            a = tl.load(a_ptr + a_row[:, None] * K + k_offs[None, :], mask=m_mask[:, None] & k_mask[None, :],
-                        other=0.0).to(tl.float32)
+            a = bf16_to_f32(tl.load(a_ptr + a_row[:, None] * K + k_offs[None, :],
+                                    mask=m_mask[:, None] & k_mask[None, :], other=0.0))
             if DOT_SCALED:
                 pg = _dot_scaled_tile(a, w_ptr, ws_ptr, expert, g_row, k0, n_mask, N_ROWS, K, PACKED, BLOCK_K, DS_FMT)
                 if GATED:
@@ -474,7 +490,7 @@ def moe_gemm_kernel(
     else:
         y = h_g
     out_offs = pair.to(tl.int64)[:, None] * N_OUT + n_offs[None, :]
-    tl.store(out_ptr + out_offs, y.to(tl.bfloat16), mask=m_mask[:, None] & n_mask[None, :])
+    tl.store(out_ptr + out_offs, f32_to_bf16(y), mask=m_mask[:, None] & n_mask[None, :])
 
 
 @triton.jit
@@ -486,6 +502,6 @@ def topk_reduce_kernel(z_ptr, w_ptr, out_ptr, H, TOP_K: tl.constexpr, BLOCK_H: t
     acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
     for j in range(TOP_K):
         wj = tl.load(w_ptr + t * TOP_K + j)
-        zj = tl.load(z_ptr + (t * TOP_K + j) * H + h, mask=mask, other=0.0).to(tl.float32)
+        zj = bf16_to_f32(tl.load(z_ptr + (t * TOP_K + j) * H + h, mask=mask, other=0.0))
         acc += wj * zj
-    tl.store(out_ptr + t * H + h, round_bf16(acc).to(tl.bfloat16), mask=mask)
+    tl.store(out_ptr + t * H + h, f32_to_bf16(round_bf16(acc)), mask=mask)
