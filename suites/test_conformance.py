@@ -115,5 +115,8 @@ def test_extreme_mx_weight_scales(backend_name, backends):
                 flushed = torch.zeros_like(out)  # what flush-to-zero of the subnormal weights would give
                 assert not compare(out, flushed, moe_error_bound(trace, ckpt), "flushed").ok
             what = f"{scheme}/SILU/{backend_name}/w2 scales 2^{code - 127}"
-            result = compare_backend(backend, ckpt, (x, w, ids), out, trace, what)
+            try:
+                result = compare_backend(backend, ckpt, (x, w, ids), out, trace, what)
+            except NotImplementedError as declined:  # a declared limitation, reported, never a wrong answer
+                pytest.skip(f"{what}: declined: {declined}")
             assert result.ok, result.message()

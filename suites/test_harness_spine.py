@@ -149,3 +149,25 @@ def test_cli_platforms_and_oracle():
     out = subprocess.run([sys.executable, "-m", "harness", "oracle", "--platform", "gfx942"], cwd=ROOT,
                          capture_output=True, text=True, check=True).stdout
     assert "gfx942  w_mxfp4                    SITU              -> triton_emulation" in out
+
+
+def test_dot_scaled_declines_the_blocks_its_hardware_path_flushes():
+    """triton_dot_scaled's tl.dot_scaled zeroes MX blocks with scale 2^-127 (seen on the H200): it must
+    decline such a checkpoint with the reason, and accept zero blocks with that scale (zeros either way)."""
+    import dataclasses
+
+    from harness.backends.triton_dot_scaled import TritonDotScaledBackend
+    from reference.checkpoints import make_checkpoint
+
+    backend = TritonDotScaledBackend(device="cpu")
+    for scheme, zero_pair, block_bytes in (("w_mxfp4", 0x88, 16), ("w_mxfp8", 0x80, 32)):
+        ckpt = make_checkpoint(scheme, "SILU", 4, 128, 128, seed=0)
+        backend.prepare(ckpt)
+        scale = ckpt.w2.scale.clone()
+        scale[1, 2, 3] = 0
+        tiny = dataclasses.replace(ckpt, w2=dataclasses.replace(ckpt.w2, scale=scale))
+        with pytest.raises(NotImplementedError, match="w2 has 1 MX blocks with scale 2\\^-127"):
+            backend.prepare(tiny)
+        data = ckpt.w2.data.clone()
+        data[1, 2, 3 * block_bytes:4 * block_bytes] = zero_pair  # the same block, all -0 codes
+        backend.prepare(dataclasses.replace(ckpt, w2=dataclasses.replace(ckpt.w2, data=data, scale=scale)))

@@ -4,7 +4,10 @@ A backend is any object with:
   name: str
   supports(problem, platform) -> (ok: bool, reason: str)   can it compute this problem with that
                                                            platform's semantics? (the oracle asks this)
-  prepare(ckpt) -> prepared                                checkpoint layout in, the backend's layout out
+  prepare(ckpt) -> prepared                                checkpoint layout in, the backend's layout out;
+                                                           may raise NotImplementedError for a checkpoint it
+                                                           cannot compute exactly (the message says why:
+                                                           reported as a skip, never a wrong answer)
   forward(prepared, hidden_states, topk_weights, topk_ids) -> bf16 [T, H]
 Optional:
   available(platform) -> (ok, reason)   can it run here, now (device, packages)? default: yes

@@ -31,8 +31,31 @@ class TritonDotScaledBackend(TritonEmulationBackend):
             return False, "needs a GPU: tl.dot_scaled is not implemented in the Triton interpreter"
         return True, ""
 
+    def prepare(self, ckpt):
+        # Measured on the H200 (Triton 3.6, sm90): tl.dot_scaled's upcast turns the E8M0 scale 2^-127
+        # (code 0) into 0, so a block with that scale and nonzero codes comes out as zeros. All-zero blocks
+        # (the usual owners of code 0) are unaffected; anything else is declined, not computed wrong.
+        for name in ("w13", "w2"):
+            w = getattr(ckpt, name)
+            flushed = _blocks_lost_to_scale_0(w.data, w.scale, packed=ckpt.scheme.weight.elem.nbits == 4)
+            if flushed:
+                raise NotImplementedError(
+                    f"triton_dot_scaled: {name} has {flushed} MX blocks with scale 2^-127 (E8M0 code 0) and nonzero "
+                    "codes; tl.dot_scaled on this Triton flushes them to zero (use triton_emulation)")
+        return super().prepare(ckpt)
+
     def dot_scaled_format(self, elem) -> str:
         return _FORMATS[elem.name]
+
+
+def _blocks_lost_to_scale_0(data, scale, packed: bool) -> int:
+    """How many 32-element blocks have E8M0 scale code 0 and a nonzero code (a zero code is +-0 in every
+    MX element format; FP4 bytes pack two codes, sign bits included: 0x80 and 0x08 are -0)."""
+    per_byte = 2 if packed else 1
+    codes = data.reshape(*data.shape[:-1], -1, 32 // per_byte)
+    magnitude = codes & (0x77 if packed else 0x7F)
+    nonzero = (magnitude != 0).any(-1)
+    return int(((scale == 0) & nonzero).sum())
 
 
 def make_backend() -> TritonDotScaledBackend:
