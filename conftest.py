@@ -68,13 +68,22 @@ def pytest_addoption(parser):
     group = parser.getgroup("moe-conformance")
     group.addoption("--backend", action="append", default=[], metavar="NAME|module:factory",
                     help="run the conformance suites on these backends only (repeatable)")
+    group.addoption("--repro", default=None, metavar="DIR",
+                    help="for each failing conformance case write DIR/<case>/case.pt and repro.py, shrunk to the "
+                         "fewest tokens and experts that still fail")
 
 
 def pytest_configure(config):
     from harness.backends import load_backend, registered_backends
 
     specs = config.getoption("--backend")
-    config.moe_backends = {b.name: b for b in map(load_backend, specs)} if specs else registered_backends()
+    if specs:
+        loaded = [(spec, load_backend(spec)) for spec in specs]
+        config.moe_backends = {b.name: b for _, b in loaded}
+        config.moe_backend_specs = {b.name: spec for spec, b in loaded}
+    else:
+        config.moe_backends = registered_backends()
+        config.moe_backend_specs = {name: name for name in config.moe_backends}
 
 
 def pytest_generate_tests(metafunc):

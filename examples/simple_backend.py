@@ -3,7 +3,10 @@
     .venv/bin/python -m pytest suites/test_conformance.py --backend examples.simple_backend:make_backend
 
 It dequantizes each routed expert's weights with the reference's public helpers, runs fp32 GEMMs,
-quantizes activations as the scheme says, and rounds to bf16 where a fused kernel stores bf16.
+quantizes activations as the scheme says, and rounds to bf16 where a fused kernel stores bf16. Where it
+rounds, where it applies the router weight and how it sums the top-k terms is its numerical structure:
+it declares it (here the built-in "rounded_terms"), and the suite computes the reference with it.
+examples/wrong_structure_backend.py is the same code declaring another structure, and fails.
 """
 
 import torch
@@ -15,6 +18,9 @@ from reference.moe import activation_qdq, static_activation_scales
 
 class SimpleBackend:
     name = "simple_example"
+    # bf16 after each GEMM and after the activation (evaluated in fp32), router weight times the rounded
+    # GEMM2 output, top-k terms summed in fp32, static FP8 scales divided (see reference/structure.py)
+    numerical_structure = "rounded_terms"
 
     def supports(self, problem, platform):
         return True, "every scheme and activation, with any platform's FP8 dtype"

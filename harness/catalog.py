@@ -23,7 +23,10 @@ from reference.fp8 import Granularity
 from reference.mx import ScaleMode, quantize_mx
 from reference.schemes import ActQuant
 
+from reference.structure import DEFAULT_STRUCTURE, STRUCTURES, NumericalStructure, structure_by_name
+
 from .backends.torch_emulation import TorchEmulationBackend
+from .emulation import moe_emulation
 
 __all__ = ["Mutant", "MUTANTS", "CONTROL", "make_mutant", "Catch", "hunt", "CATALOG_PLATFORMS"]
 
@@ -35,6 +38,7 @@ class Mutant:
     prepare: Callable[[MoECheckpoint], MoECheckpoint] | None = None  # checkpoint as the buggy backend reads it
     forward: Callable | None = None  # (base_forward, prepared, x, w, ids) -> out
     quantize_mx: Callable | None = None  # a buggy quantizer entry point
+    structure_computed: bool = False  # computes the next structure of STRUCTURES, not the declared one
 
 
 def _with_act(ckpt: MoECheckpoint, **params) -> MoECheckpoint:
@@ -171,6 +175,25 @@ def _situ_unsupported_on_gfx942(base, prep, x, w, ids):
     return base(prep, x, w, ids)
 
 
+def _fp8_bias_before_dequantization(ckpt: MoECheckpoint) -> MoECheckpoint:
+    # vLLM's Triton fused MoE before PR 31676: with per-tensor FP8 the bias was added to the unscaled
+    # accumulator, then multiplied by a_scale * w_scale; a backend reading the bias that way computes
+    # with bias * a_scale * w_scale
+    wq, aq = ckpt.scheme.weight, ckpt.scheme.act
+    if wq is None or wq.kind != "fp8" or wq.granularity is not Granularity.PER_TENSOR or aq is None or not aq.static:
+        return ckpt
+    from reference.moe import static_activation_scales
+
+    a1_scale, a2_scale = static_activation_scales(ckpt)
+    scaled = lambda b, a_s, w: None if b is None else b * a_s * w.scale.reshape(-1, 1)  # noqa: E731
+    return dataclasses.replace(ckpt, b13=scaled(ckpt.b13, a1_scale, ckpt.w13), b2=scaled(ckpt.b2, a2_scale, ckpt.w2))
+
+
+def _router_weight_applied_twice(base, prep, x, w, ids):
+    # in the GEMM epilogue and again in the top-k reduction: every term carries w^2
+    return base(prep, x, w * w, ids)
+
+
 def _fnuz_max_224_fwd(base, prep, x, w, ids):
     if prep.fp8_format is not E4M3FNUZ or prep.scheme.act is None or prep.scheme.act.kind != "fp8":
         return base(prep, x, w, ids)
@@ -233,6 +256,13 @@ MUTANTS: tuple[Mutant, ...] = (
            forward=_last_expert_dropped),
     Mutant("padded_rows_leak", "padded rows' bias-only outputs leak into token 0", forward=_padded_rows_leak),
     Mutant("fnuz_clamped_at_224", "FNUZ activations clamped at 224 where 240 is declared", forward=_fnuz_max_224_fwd),
+    Mutant("fp8_bias_before_dequantization",
+           "FP8 per-tensor bias added to the unscaled accumulator, then scaled (vLLM PR 31676)",
+           prepare=_fp8_bias_before_dequantization),
+    Mutant("router_weight_applied_twice", "router weight applied in the GEMM epilogue and again in the reduction",
+           forward=_router_weight_applied_twice),
+    Mutant("structure_not_as_declared", "computes another numerical structure than the one it declares",
+           structure_computed=True),
     Mutant("mx_scale_log2_pitfall", "MX scale one binade off for amax just below a power of two (fp32 log2)",
            quantize_mx=_mx_log2_pitfall),
     Mutant("rceil_where_floor_declared", "RCEIL scales where FLOOR is declared", quantize_mx=_mx_rceil_for_floor),
@@ -246,12 +276,15 @@ CONTROL = Mutant("control", "no bug: the correct base every mutant wraps")
 
 class _MutantBackend(TorchEmulationBackend):
     # The correct base: torch emulation with fp32 GEMM operands, so that the derived bound is the tight
-    # one (with bf16 operands it must allow 2^-8 per FP8/NVFP4 operand, which hides e.g. the 224 clamp).
+    # one (with bf16 operands it must allow 2^-8 per FP8/NVFP4 operand, which hides e.g. the 224 clamp),
+    # computing and declaring `structure` (the catalog is rebased on every structure).
     operand_dtype = torch.float32
 
-    def __init__(self, mutant: Mutant):
+    def __init__(self, mutant: Mutant, structure: NumericalStructure = DEFAULT_STRUCTURE):
         self.mutant = mutant
-        self.name = f"mutant_{mutant.name}"
+        self.numerical_structure = structure
+        self.computed_structure = _another_structure(structure) if mutant.structure_computed else structure
+        self.name = f"mutant_{mutant.name}" + ("" if structure == DEFAULT_STRUCTURE else f"@{structure.name}")
         if mutant.quantize_mx is not None:
             self.quantize_mx = mutant.quantize_mx
 
@@ -259,22 +292,32 @@ class _MutantBackend(TorchEmulationBackend):
         return self.mutant.prepare(ckpt) if self.mutant.prepare else ckpt
 
     def forward(self, prepared, hidden_states, topk_weights, topk_ids):
-        from harness.emulation import moe_emulation
-
         def base(ckpt, x, w, ids):
-            return moe_emulation(x, ckpt, w, ids, operand_dtype=torch.float32, dequantize_all_experts=True)
+            return moe_emulation(x, ckpt, w, ids, structure=self.computed_structure, operand_dtype=torch.float32,
+                                 dequantize_all_experts=True)
 
         if self.mutant.forward:
             return self.mutant.forward(base, prepared, hidden_states, topk_weights, topk_ids)
         return base(prepared, hidden_states, topk_weights, topk_ids)
 
 
-def make_mutant(name: str):
-    """The mutant backend `name` (pytest --backend harness.catalog:mutant_<name> loads it)."""
+def _another_structure(declared: NumericalStructure) -> NumericalStructure:
+    """The next structure in STRUCTURES that is defined for the declared one's top-k."""
+    names = list(STRUCTURES)
+    for step in range(1, len(names)):
+        other = STRUCTURES[names[(names.index(declared.name) + step) % len(names)]]
+        if declared.max_top_k is not None or other.max_top_k is None:
+            return other
+    raise AssertionError("STRUCTURES has one entry")
+
+
+def make_mutant(name: str, structure: NumericalStructure | str = DEFAULT_STRUCTURE):
+    """The mutant backend `name`, declaring `structure` (pytest --backend harness.catalog:mutant_<name>
+    loads it with the default structure)."""
     by_name = {m.name: m for m in (*MUTANTS, CONTROL)}
     if name not in by_name:
         raise ValueError(f"unknown mutant {name!r}; expected one of {sorted(by_name)}")
-    return _MutantBackend(by_name[name])
+    return _MutantBackend(by_name[name], structure_by_name(structure))
 
 
 def __getattr__(attr: str):
@@ -302,6 +345,7 @@ def hunt(backend, platforms=CATALOG_PLATFORMS) -> tuple[Catch | None, float, int
     None means the backend passed every check: right for the control, a survivor for a mutant."""
     from hypothesis import settings
 
+    from .backends import Declined
     from .conformance import SHAPES, conformance_cases, quantizer_cases, quantizer_property, run_case
     from .platforms import PLATFORMS
 
@@ -322,6 +366,8 @@ def hunt(backend, platforms=CATALOG_PLATFORMS) -> tuple[Catch | None, float, int
         try:
             result = run_case(backend, case, SHAPES["cpu"])
             ok, message = result.ok, result.message()
+        except Declined:  # the suite reports a declined checkpoint as a skip
+            continue
         except Exception as exc:  # a crash on valid input is caught too: the suite reports it as an error
             ok, message = False, f"{type(exc).__name__}: {exc}"
         if not ok:

@@ -3,6 +3,7 @@ caller's (suites/test_conformance.py); the report (harness.report) reads the sam
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -16,14 +17,17 @@ from reference.formats import E2M1
 from reference.fp8 import FP8_FORMATS, Granularity, quantize_fp8
 from reference.mx import MX_ELEMENT_FORMATS, ScaleMode, quantize_mx
 from reference.nvfp4 import quantize_nvfp4
-from reference.schemes import SCHEMES, Scheme, scheme_by_name
+from reference.schemes import SCHEMES, Scheme
+from reference.structure import NumericalStructure
 
-from .backends import Problem, backend_accumulation_error, backend_available, backend_operand_dtype
+from .backends import (Problem, backend_accumulation_error, backend_available, backend_operand_dtype,
+                       backend_prepare, backend_structure)
 from .platforms import Platform
 from .tolerances import Comparison, Exact, compare, moe_error_bound
 
 __all__ = ["Shape", "SHAPES", "ConformanceCase", "skip_reason", "run_case", "reference_run", "conformance_cases",
-           "QUANTIZER_CASES", "quantizer_cases", "quantizer_property", "reference_quantize"]
+           "QUANTIZER_CASES", "quantizer_cases", "quantizer_property", "reference_quantize", "case_problem",
+           "backend_shape", "checked_supports", "default_shape", "compare_backend", "case_inputs"]
 
 
 @dataclass(frozen=True)
@@ -36,9 +40,10 @@ class Shape:
 
 
 # Small shapes where kernels run under the interpreter (CPU); realistic ones on a GPU. H and I are
-# multiples of 128 so that every scheme (FP8 128x128 blocks included) accepts them.
+# multiples of 128 so that every scheme (FP8 128x128 blocks included) accepts them. top_k >= 3: with two
+# bf16 terms a sequential bf16 sum equals an fp32 sum, so top_k = 2 could not tell the structures apart.
 SHAPES = {
-    "cpu": Shape(num_experts=4, hidden_size=128, intermediate_size=128, tokens=8, top_k=2),
+    "cpu": Shape(num_experts=4, hidden_size=128, intermediate_size=128, tokens=8, top_k=3),
     "gpu": Shape(num_experts=8, hidden_size=512, intermediate_size=256, tokens=64, top_k=4),
 }
 
@@ -55,10 +60,42 @@ class ConformanceCase:
         return f"{self.scheme.name}/{self.activation.name}/{self.backend_name}/{self.platform.name}"
 
 
-def skip_reason(backend, case: ConformanceCase, host_platform: Platform) -> str | None:
+def backend_shape(backend, shape: Shape) -> Shape:
+    """The shape a backend's cases run at: top_k capped where its structure is defined for fewer (the
+    router weight in GEMM1's epilogue: top_k = 1)."""
+    cap = backend_structure(backend).max_top_k
+    return shape if cap is None or shape.top_k <= cap else dataclasses.replace(shape, top_k=cap)
+
+
+def case_problem(backend, scheme: Scheme, activation: Activation, platform: Platform, shape: Shape,
+                 tokens: int | None = None) -> tuple[Problem, bool, str]:
+    """(the Problem a case will run, whether the backend supports it, its reason). Checkpoints carry
+    biases wherever the backend takes them (a bias in the wrong place must show); a backend that takes
+    none gets the same case without."""
+    shape = backend_shape(backend, shape)
+    biased = Problem(scheme, activation, shape.num_experts, shape.hidden_size, shape.intermediate_size,
+                     shape.tokens if tokens is None else tokens, shape.top_k, has_bias=True)
+    ok, reason = checked_supports(backend, biased, platform)
+    if ok:
+        return biased, ok, reason
+    plain = dataclasses.replace(biased, has_bias=False)
+    ok_plain, reason_plain = checked_supports(backend, plain, platform)
+    return (plain, True, reason_plain) if ok_plain else (plain, False, reason)
+
+
+def checked_supports(backend, problem: Problem, platform: Platform) -> tuple[bool, str]:
+    """backend.supports(), with its answer checked: (bool, str), nothing else."""
+    answer = backend.supports(problem, platform)
+    if not (isinstance(answer, tuple) and len(answer) == 2 and isinstance(answer[0], bool)
+            and isinstance(answer[1], str)):
+        raise TypeError(f"backend {backend.name!r}: supports() must return (bool, str), got {answer!r}")
+    return answer
+
+
+def skip_reason(backend, case: ConformanceCase, host_platform: Platform, shape: Shape | None = None) -> str | None:
     """The one place that decides whether a conformance case runs here, and if not, why."""
-    problem = Problem(case.scheme, case.activation, has_bias=_has_bias(case.activation.name))
-    ok, reason = backend.supports(problem, case.platform)
+    shape = shape or default_shape(host_platform)
+    _, ok, reason = case_problem(backend, case.scheme, case.activation, case.platform, shape)
     if not ok:
         return f"{backend.name}: {reason}"
     ok, reason = backend_available(backend, case.platform)
@@ -74,54 +111,73 @@ def skip_reason(backend, case: ConformanceCase, host_platform: Platform) -> str 
     return None
 
 
-def _has_bias(act: str) -> bool:
-    return act == "SWIGLUOAI"  # gpt-oss's experts carry biases; the conformance checkpoints follow
+def default_shape(host_platform: Platform) -> Shape:
+    return SHAPES["gpu" if host_platform.is_gpu else "cpu"]
 
 
 @functools.lru_cache(maxsize=64)
-def _checkpoint(scheme: str, act: str, fp8_name: str, shape: Shape, seed: int) -> MoECheckpoint:
+def _checkpoint(scheme: str, act: str, fp8_name: str, shape: Shape, seed: int, bias: bool = True) -> MoECheckpoint:
     from reference.formats import format_by_name
 
     return make_checkpoint(scheme, act, shape.num_experts, shape.hidden_size, shape.intermediate_size, seed=seed,
-                           with_bias=_has_bias(act), fp8_format=format_by_name(fp8_name))
+                           with_bias=bias, fp8_format=format_by_name(fp8_name))
+
+
+# Router weights that matter: sigmoid scores without renormalization, scaled by 2.5 (DeepSeek-V3's factor),
+# so they are neither 1 at top_k = 1 nor a partition of 1, and some exceed 1: a weight dropped, applied
+# twice or applied on the wrong side of the activation changes outputs everywhere.
+CASE_ROUTING = dict(scoring="sigmoid", renormalize=False, routed_scaling_factor=2.5)
 
 
 def case_inputs(shape: Shape, seed: int, tokens: int | None = None):
     t = shape.tokens if tokens is None else tokens
     g = torch.Generator().manual_seed(seed)
     x = (torch.randn(t, shape.hidden_size, generator=g) * 2).to(torch.bfloat16)
-    w, ids = route(torch.randn(t, shape.num_experts, generator=g), RoutingConfig(top_k=shape.top_k))
+    logits = torch.randn(t, shape.num_experts, generator=g) * 2
+    w, ids = route(logits, RoutingConfig(top_k=shape.top_k, **CASE_ROUTING))
     return x, w, ids
 
 
 @functools.lru_cache(maxsize=64)
-def reference_run(scheme: str, act: str, fp8_name: str, shape: Shape, seed: int):
-    ckpt = _checkpoint(scheme, act, fp8_name, shape, seed)
+def reference_run(scheme: str, act: str, fp8_name: str, shape: Shape, seed: int, structure: NumericalStructure,
+                  bias: bool = True):
+    ckpt = _checkpoint(scheme, act, fp8_name, shape, seed, bias)
     x, w, ids = case_inputs(shape, seed)
-    out, trace = fused_moe(x, ckpt, w, ids, trace=True)
+    out, trace = fused_moe(x, ckpt, w, ids, structure=structure, trace=True)
     return ckpt, (x, w, ids), out, trace
 
 
 def compare_backend(backend, ckpt: MoECheckpoint, inputs, out: torch.Tensor, trace: MoETrace, what: str) -> Comparison:
+    """Run the backend on a case and compare with the reference output computed with its declared
+    structure. prepare() may decline the checkpoint (NotImplementedError): Declined propagates."""
+    structure = backend_structure(backend)
+    if trace.structure != structure:
+        raise ValueError(f"{what}: the reference was computed with structure {trace.structure.name!r}, but "
+                         f"{backend.name} declares {structure.name!r}")
     device = getattr(backend, "device", "cpu")
     x, w, ids = (t.to(device) for t in inputs)
-    prepared = backend.prepare(ckpt)
+    prepared = backend_prepare(backend, ckpt)
     got = backend.forward(prepared, x, w, ids)
     if not isinstance(got, torch.Tensor) or got.dtype != torch.bfloat16:
         raise TypeError(f"{what}: forward must return a bfloat16 tensor, got {getattr(got, 'dtype', type(got))}")
     bound = moe_error_bound(trace, ckpt, backend_operand_dtype(backend), backend_accumulation_error(backend))
-    return compare(out, got.cpu(), bound, f"{what}: output")
+    result = compare(out, got.cpu(), bound, f"{what}: output", structure=structure)
+    if not result.ok and result.worst_index is not None:  # say who is closer to the exact value
+        exact = fused_moe(*inputs[:1], ckpt, *inputs[1:], structure=structure, exact=True)
+        result = compare(out, got.cpu(), bound, f"{what}: output", structure=structure, exact=exact)
+    return result
 
 
 def run_case(backend, case: ConformanceCase, shape: Shape, seed: int = 0) -> Comparison:
+    problem, ok, reason = case_problem(backend, case.scheme, case.activation, case.platform, shape)
+    if not ok:
+        raise ValueError(f"{case.id}: {backend.name} does not support this case ({reason})")
+    shape = backend_shape(backend, shape)
     ckpt, inputs, out, trace = reference_run(
-        case.scheme.name, case.activation.name, case.platform.fp8_format.name, shape, seed
+        case.scheme.name, case.activation.name, case.platform.fp8_format.name, shape, seed,
+        backend_structure(backend), problem.has_bias,
     )
     return compare_backend(backend, ckpt, inputs, out, trace, case.id)
-
-
-def problem_for(scheme: str, act: str) -> Problem:
-    return Problem(scheme_by_name(scheme), activation_by_name(act), has_bias=_has_bias(act))
 
 
 # ---- quantizer entry points -------------------------------------------------------------------------

@@ -80,7 +80,7 @@ class _Collector:
         elif report.when == "setup" and report.failed or report.when == "teardown" and report.failed:
             outcome = "error"
         elif report.when == "call":
-            outcome = "passed" if report.passed else "failed"
+            outcome = "passed" if report.passed else "skipped" if report.skipped else "failed"
         else:
             return
         r = CaseResult(platform, scheme, act, backend, outcome, reason="" if outcome == "passed" else self._first_line(report),

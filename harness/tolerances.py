@@ -23,6 +23,7 @@ rounds to bf16 at the scheme's rounding points:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -30,8 +31,9 @@ import torch
 from reference.checkpoints import MoECheckpoint
 from reference.activations import gate_and_up
 from reference.formats import FloatFormat
-from reference.fp8 import Granularity, _MIN_SCALE_DIVISOR
-from reference.moe import MoETrace, round_bf16
+from reference.fp8 import Granularity, ScaleApply, _MIN_SCALE_DIVISOR, qdq_fp8
+from reference.moe import MoETrace
+from reference.structure import ActivationEval, Precision, RouterWeight, TopKSum, round_to
 from reference.mx import ScaleMode, mx_shared_exponent, qdq_mx
 from reference.nvfp4 import nvfp4_block_scale_codes, qdq_nvfp4
 from reference.schemes import ActQuant
@@ -43,6 +45,7 @@ __all__ = [
     "Exact",
     "ErrorBound",
     "Comparison",
+    "Worst",
     "compare",
     "bf16_ulp",
     "moe_error_bound",
@@ -85,12 +88,39 @@ class ErrorBound:
 
 
 @dataclass
+class Worst:
+    """One element of a failed comparison, described for whoever must fix the kernel."""
+
+    index: tuple[int, ...]
+    expected: float
+    got: float
+    bound: float
+    ulps: float  # |got - expected| in units of the expected value's bf16 ulp
+    exact: float | None = None  # the float64 value with no rounding points (the same structure), if computed
+
+    def describe(self) -> str:
+        diff = abs(self.got - self.expected)
+        text = (f"index {self.index}: expected {self.expected!r}, got {self.got!r}, |diff| = {diff:.6g} = "
+                f"{self.ulps:.1f} bf16 ulp")
+        if self.bound > 0:
+            text += f", {diff / self.bound:.3g}x its bound {self.bound:.6g}"
+        if self.exact is not None and math.isfinite(self.exact):
+            unit = float(bf16_ulp(torch.tensor(self.exact)))
+            k_err, r_err = abs(self.got - self.exact) / unit, abs(self.expected - self.exact) / unit
+            side = ("the kernel is closer" if k_err < r_err else "the reference is closer" if r_err < k_err
+                    else "both equally far")
+            text += (f"; exact value (float64, no rounding points) {self.exact!r}: kernel {k_err:.2f} ulp from it, "
+                     f"reference {r_err:.2f} ulp: {side}")
+        return text
+
+
+@dataclass
 class Comparison:
     ok: bool
-    what: str  # e.g. "w_mxfp4/SILU/torch_emulation: output"
+    what: str  # e.g. "w_mxfp4/SILU/torch_emulation/cpu: output"
     n_bad: int
     n_total: int
-    worst_index: tuple[int, ...] | None = None
+    worst_index: tuple[int, ...] | None = None  # the failing element with the largest |diff| / bound
     expected: float | None = None
     got: float | None = None
     bound: float | None = None
@@ -100,19 +130,39 @@ class Comparison:
     # counts of |got - expected| / bound per element: [exact, < 2^RATIO_LOG2_MIN, one per binade
     # 2^RATIO_LOG2_MIN .. 2^RATIO_LOG2_MAX, >= 2^RATIO_LOG2_MAX (or bound 0 and a difference)]
     ratio_histogram: tuple[int, ...] = ()
+    n_exact_required: int = 0  # elements whose bound is 0 (or whose expected value is NaN/Inf)
+    n_exact_differ: int = 0  # ... and that differ
+    worst: Worst | None = None  # the failing element with a nonzero bound and the largest |diff| / bound
+    worst_exact: Worst | None = None  # the bound-0 element that differs most, in ulps
+    structure: str | None = None  # the numerical structure the reference and bound assumed (label)
 
     def message(self) -> str:
         if self.ok:
             return f"{self.what}: ok ({self.n_total} elements, worst error {self.max_ratio:.3g} of its bound)"
-        if self.worst_index is None:
+        if self.worst is None and self.worst_exact is None:
             return f"{self.what}: mismatch"
-        allowed = ("bound 0: must match exactly" if self.bound == 0
-                   else f"bound {self.bound:.6g}, {self.max_ratio:.3g}x over")
-        return (
-            f"{self.what}: {self.n_bad} of {self.n_total} elements out of bound; worst at index {self.worst_index}: "
-            f"expected {self.expected!r}, got {self.got!r}, |diff| = {abs(self.got - self.expected):.6g} "
-            f"= {self.ulps:.1f} bf16 ulp ({allowed})"
-        )
+        parts = [f"{self.what}: {self.n_bad} of {self.n_total} elements out of bound"]
+        if self.worst is not None:
+            parts.append(f"worst {self.worst.ulps:.1f} ulp = {self.max_ratio_bounded:.3g}x its bound")
+        if self.n_exact_differ:
+            parts.append(f"{self.n_exact_differ} of the {self.n_exact_required} elements that must match exactly "
+                         f"differ (worst {self.worst_exact.ulps:.1f} ulp)")
+        lines = ["; ".join(parts)]
+        if self.worst is not None:
+            lines.append(f"  worst relative to its bound: {self.worst.describe()}")
+        if self.worst_exact is not None:
+            lines.append(f"  worst that must match exactly: {self.worst_exact.describe()}")
+            lines.append("  (a bound of 0 means no rounding midpoint lies within the error a correct kernel can "
+                         "accumulate before the last rounding: every correct kernel of this structure rounds to the "
+                         "reference's value there; NaN and Inf outputs must match in place and sign)")
+        if self.structure:
+            lines.append(f"  the reference and bound assumed the declared structure {self.structure}")
+        return "\n".join(lines)
+
+    @property
+    def max_ratio_bounded(self) -> float:
+        w = self.worst
+        return abs(w.got - w.expected) / w.bound if w is not None and w.bound > 0 else 0.0
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
@@ -149,34 +199,69 @@ def _worst_ulps(expected: torch.Tensor, diff: torch.Tensor) -> float:
     return float(ulps.max()) if ulps.numel() else 0.0
 
 
-def compare(expected: torch.Tensor, got: torch.Tensor, tolerance: Exact | ErrorBound, what: str) -> Comparison:
-    """Compare and describe; the caller asserts on .ok with .message()."""
+def _special_mismatch(expected: torch.Tensor, got: torch.Tensor) -> torch.Tensor:
+    """Where NaN/Inf or signed zeros decide: NaN must meet NaN, +-Inf the same Inf, a zero the same
+    signed zero where no deviation is allowed. True where `got` breaks that."""
+    e, g = expected.double(), got.double()
+    nan_e, nan_g = torch.isnan(e), torch.isnan(g)
+    inf_e = torch.isinf(e)
+    return (nan_e & ~nan_g) | (inf_e & (g != e)) | (~nan_e & nan_g)
+
+
+def compare(expected: torch.Tensor, got: torch.Tensor, tolerance: Exact | ErrorBound, what: str,
+            structure=None, exact: torch.Tensor | None = None) -> Comparison:
+    """Compare and describe; the caller asserts on .ok with .message(). `structure`: the numerical
+    structure the reference assumed (named in the message); `exact`: the float64 value with no rounding
+    points, to say at the worst elements whether the kernel or the reference is closer to it."""
+    label = getattr(structure, "label", structure)
     if tuple(got.shape) != tuple(expected.shape):
         return Comparison(False, f"{what} (shape {tuple(got.shape)} != expected {tuple(expected.shape)})",
-                          expected.numel(), expected.numel())
+                          expected.numel(), expected.numel(), structure=label)
+    diff = (got.double() - expected.double()).abs()
     if isinstance(tolerance, Exact):
         e_bits, g_bits = _bytes(expected), _bytes(got.to(expected.dtype))
         bad = (e_bits != g_bits).any(-1) if expected.numel() else torch.zeros(0, dtype=torch.bool)
-        diff = (got.double() - expected.double()).abs()
         bound = torch.zeros_like(diff)
     else:
-        diff = (got.double() - expected.double()).abs()
         bound = tolerance.bound.double()
-        bad = ~(diff <= bound)  # NaN in got fails
+        special = ~torch.isfinite(expected.double())
+        bound = torch.where(special, 0.0, torch.nan_to_num(bound, nan=0.0))
+        zero_exact = (expected.double() == 0) & (bound == 0)
+        sign_flip = zero_exact & (torch.signbit(expected.double()) != torch.signbit(got.double()))
+        bad = torch.where(special, _special_mismatch(expected, got), ~(diff <= bound) | sign_flip)
+        diff = torch.where(special & ~bad, 0.0, torch.where(special, torch.inf, diff))
+        diff = torch.where(sign_flip, torch.inf, diff)
     n_bad = int(bad.sum())
     ratio = torch.where(bound > 0, diff / bound, torch.where(diff > 0, torch.inf, 0.0))
     ratio = torch.where(torch.isnan(ratio), torch.inf, ratio)
     max_ratio = float(ratio.max()) if ratio.numel() else 0.0
-    worst_ulps = _worst_ulps(expected, diff)
-    extra = dict(max_ratio=max_ratio, worst_ulps=worst_ulps, ratio_histogram=ratio_histogram(ratio))
+    finite = torch.isfinite(expected.double())
+    worst_ulps = _worst_ulps(expected[finite], diff[finite]) if bool(finite.any()) else 0.0
+    if not bool(finite.all()) and bool(bad[~finite].any()):
+        worst_ulps = float("inf")
+    required = bound == 0
+    extra = dict(max_ratio=max_ratio, worst_ulps=worst_ulps, ratio_histogram=ratio_histogram(ratio),
+                 n_exact_required=int(required.sum()), n_exact_differ=int((required & bad).sum()), structure=label)
     if n_bad == 0:
         return Comparison(True, what, 0, expected.numel(), **extra)
-    flat = int(torch.argmax(torch.where(bad, ratio, -1.0)))
-    idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), expected.shape))
-    exp_v, got_v = float(expected[idx]), float(got[idx])
+
+    def describe(flat: int) -> Worst:
+        idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), expected.shape))
+        e_v, g_v = float(expected[idx]), float(got[idx])
+        d = abs(g_v - e_v)
+        ulps = d / float(bf16_ulp(expected[idx])) if math.isfinite(e_v) and math.isfinite(d) else float("inf")
+        return Worst(idx, e_v, g_v, float(bound[idx]), ulps, None if exact is None else float(exact[idx]))
+
+    bounded_bad = bad & ~required
+    worst = describe(int(torch.argmax(torch.where(bounded_bad, ratio, -1.0)))) if bool(bounded_bad.any()) else None
+    ulp_dist = torch.where(finite, diff / bf16_ulp(expected.double()), torch.inf)
+    exact_bad = bad & required
+    worst_exact = (describe(int(torch.argmax(torch.where(exact_bad, ulp_dist, -1.0))))
+                   if bool(exact_bad.any()) else None)
+    head = worst or worst_exact
     return Comparison(
-        False, what, n_bad, expected.numel(), idx, exp_v, got_v, float(bound[idx]),
-        float(diff[idx] / bf16_ulp(expected[idx])), **extra,
+        False, what, n_bad, expected.numel(), head.index, head.expected, head.got, head.bound, head.ulps,
+        worst=worst, worst_exact=worst_exact, **extra,
     )
 
 
@@ -189,14 +274,12 @@ def _operand_unit(values: torch.Tensor, unit: float) -> float:
     return 0.0 if bool((values.to(torch.bfloat16).double() == values).all()) else unit
 
 
-def _through_rounding(d: torch.Tensor, pre: torch.Tensor, enabled: bool) -> torch.Tensor:
-    """Deviation after a bf16 rounding point, both sides rounding: the kernel's value lies in
+def _through_rounding(d: torch.Tensor, pre: torch.Tensor, precision: Precision) -> torch.Tensor:
+    """Deviation after a rounding point, both sides rounding to `precision`: the kernel's value lies in
     [rnd(pre - d), rnd(pre + d)] (rounding is monotone), the reference's is rnd(pre). Zero wherever no
     rounding midpoint lies within d of the value: rounding points mostly absorb small errors."""
-    if not enabled:
-        return d
-    r = round_bf16(pre)
-    return torch.maximum(round_bf16(pre + d) - r, r - round_bf16(pre - d))
+    r = round_to(pre, precision)
+    return torch.maximum(round_to(pre + d, precision) - r, r - round_to(pre - d, precision))
 
 
 def _gemm_bound(w: torch.Tensor, a: torch.Tensor, d_a: torch.Tensor | None, bias, u_op: float, e_acc: float):
@@ -226,7 +309,8 @@ def _block_amax(a: torch.Tensor, block: int) -> torch.Tensor:
 
 
 def requantization_deviation(
-    y: torch.Tensor, d_y: torch.Tensor, q_ref: torch.Tensor, aq: ActQuant, ckpt: MoECheckpoint, static_scale
+    y: torch.Tensor, d_y: torch.Tensor, q_ref: torch.Tensor, aq: ActQuant, ckpt: MoECheckpoint, static_scale,
+    static_scale_apply: ScaleApply = ScaleApply.DIVIDE,
 ) -> torch.Tensor:
     """Largest |Q(y') - q_ref| over y' in [y - d_y, y + d_y] (elementwise, any block scale those inputs can
     produce). Zero where the quantized value cannot change."""
@@ -251,18 +335,18 @@ def requantization_deviation(
             candidates_lo.append(qdq_nvfp4(lo, global_decode_scale=static_scale, block_scales=c))
             candidates_hi.append(qdq_nvfp4(hi, global_decode_scale=static_scale, block_scales=c))
     else:
-        candidates_lo, candidates_hi = _fp8_candidates(lo, hi, mag_lo, mag_hi, aq, ckpt.fp8_format, static_scale)
+        candidates_lo, candidates_hi = _fp8_candidates(lo, hi, mag_lo, mag_hi, aq, ckpt.fp8_format, static_scale,
+                                                       static_scale_apply)
     q_min = torch.stack(candidates_lo).double().amin(0)
     q_max = torch.stack(candidates_hi).double().amax(0)
     return torch.maximum(q_max - q_ref, q_ref - q_min).clamp_min(0.0)
 
 
-def _fp8_candidates(lo, hi, mag_lo, mag_hi, aq: ActQuant, fmt: FloatFormat, static_scale):
-    from reference.fp8 import qdq_fp8
-
+def _fp8_candidates(lo, hi, mag_lo, mag_hi, aq: ActQuant, fmt: FloatFormat, static_scale, static_scale_apply):
     fmax = fmt.max_normal
     if aq.static:
-        return [qdq_fp8(lo, fmt, scale=static_scale)], [qdq_fp8(hi, fmt, scale=static_scale)]
+        kw = dict(scale=static_scale, scale_apply=static_scale_apply)
+        return [qdq_fp8(lo, fmt, **kw)], [qdq_fp8(hi, fmt, **kw)]
     if aq.granularity is not Granularity.PER_BLOCK or aq.block_shape[0] != 1:
         raise NotImplementedError(f"requantization bound for {aq.label}")
     bk = aq.block_shape[1]
@@ -289,7 +373,9 @@ def _fp8_half_step(mag: torch.Tensor, scale: torch.Tensor, fmt: FloatFormat) -> 
 
 def moe_error_bound(trace: MoETrace, ckpt: MoECheckpoint, operand_dtype: torch.dtype = torch.float32,
                     accumulation_error: float = 0.0) -> ErrorBound:
-    """Per-element bound on |kernel output - reference output| (both bf16), from the reference trace.
+    """Per-element bound on |kernel output - reference output| (both bf16), from the reference trace, for a
+    kernel with the trace's numerical structure (trace.structure: its rounding points, where it applies the
+    router weight, how it evaluates the activation and sums the top-k terms).
 
     operand_dtype: what the kernel feeds its GEMMs. float32: operands are the reference's fp32 values,
     or code values with their scales applied to fp32 partial sums (an fp32 rounding's worth of
@@ -303,42 +389,69 @@ def moe_error_bound(trace: MoETrace, ckpt: MoECheckpoint, operand_dtype: torch.d
     if not 0.0 <= accumulation_error < 1:
         raise ValueError(f"accumulation_error must be in [0, 1), got {accumulation_error!r}")
     e_acc = accumulation_error
-    scheme, act, aq = ckpt.scheme, ckpt.activation, ckpt.scheme.act
-    rnd = scheme.rounding
+    st = trace.structure
+    rw = st.router_weight
+    act, aq = ckpt.activation, ckpt.scheme.act
     unit = U_BF16 if operand_dtype == torch.bfloat16 else U_FP32
     u1 = max(_operand_unit(trace.w13, unit), _operand_unit(trace.a1, unit))
     u2 = max(_operand_unit(trace.w2, unit), _operand_unit(trace.a2, unit))
     d_z = torch.zeros_like(trace.z)
     for e in trace.pair_expert.unique().tolist():
         rows = (trace.pair_expert == e).nonzero().flatten()
+        w_abs = trace.pair_weight[rows].abs()[:, None]
         a1 = trace.a1[trace.pair_token[rows]]
         b13 = ckpt.b13[e].double() if ckpt.b13 is not None else None
-        d_h = _through_rounding(_gemm_bound(trace.w13[e], a1, None, b13, u1, e_acc), trace.h_pre[rows], rnd.gemm1_out)
-        h = trace.h[rows]
-        # activation, on the factors phi(gate) * psi(up) with h split the way the activation splits it
-        phi, psi = gate_and_up(h, act)
-        if act.gated:
-            n = h.shape[-1] // 2
-            g, dg, du = (h[..., 0::2], d_h[..., 0::2], d_h[..., 1::2]) if act.interleaved else (
-                h[..., :n], d_h[..., :n], d_h[..., n:])
-        else:
-            g, dg, du = h, d_h, torch.zeros_like(d_h)
-        lip = act.gate_lipschitz
-        d_phi = (2 * g.abs() + dg) * dg if lip is None else lip * dg
-        # both the kernel's and the reference's fp32 evaluations err by up to EVAL_ULPS of the larger of
-        # |phi| and |g| (the |g| covers the cancellation in 1 + tanh / 1 + erf for large negative g)
-        d_eval = 2 * EVAL_ULPS * U_FP32 * (phi.abs() + g.abs()) * psi.abs()
-        d_y = d_phi * psi.abs() + phi.abs() * du + d_phi * du + d_eval
-        d_y = _through_rounding(d_y, trace.y_pre[rows], rnd.act_out)
-        y = trace.y[rows]
+        d_h = _gemm_bound(trace.w13[e], a1, None, b13, u1, e_acc)
+        if rw is RouterWeight.GEMM1_EPILOGUE:  # w times the fp32 accumulator: one more fp32 rounding
+            d_h = (1 + U_FP32) * w_abs * d_h + U_FP32 * trace.h_pre[rows].abs()
+        d_h = _through_rounding(d_h, trace.h_pre[rows], st.gemm1_out)
+        d_y = _activation_deviation(trace.h[rows], d_h, trace.phi_pre[rows], act, st)
+        d_y = _through_rounding(d_y, trace.y_pre[rows], st.act_out)
         if aq is None:
             d_a2 = d_y
         else:
-            d_a2 = requantization_deviation(y, d_y, trace.a2[rows], aq, ckpt, trace.a2_scale)
+            d_a2 = requantization_deviation(trace.y[rows], d_y, trace.a2[rows], aq, ckpt, trace.a2_scale,
+                                            st.fp8_static_scale)
         b2 = ckpt.b2[e].double() if ckpt.b2 is not None else None
         dz = _gemm_bound(trace.w2[e], trace.a2[rows], d_a2, b2, u2, e_acc)
-        d_z[rows] = _through_rounding(dz, trace.z_pre[rows], rnd.gemm2_out)
+        if rw is RouterWeight.GEMM2_EPILOGUE:
+            dz = (1 + U_FP32) * w_abs * dz + U_FP32 * trace.z_pre[rows].abs()
+        d_z[rows] = _through_rounding(dz, trace.z_pre[rows], st.gemm2_out)
     (t, hsz), k = trace.out.shape, trace.top_k
-    w = trace.pair_weight.abs()[:, None]
-    d_out = (w * d_z).reshape(t, k, hsz).sum(1) + (gamma(k) + gamma(k, U_FP64)) * (w * trace.z.abs()).reshape(t, k, hsz).sum(1)
-    return ErrorBound(_through_rounding(d_out, trace.out_pre, rnd.output))
+    weighted_here = rw is RouterWeight.AFTER_GEMM2_ROUNDING  # the sum multiplies w z itself, in fp32
+    d_term = (trace.pair_weight.abs()[:, None] * d_z if weighted_here else d_z).reshape(t, k, hsz)
+    term = trace.term.abs().reshape(t, k, hsz)
+    if st.topk_sum is TopKSum.SEQUENTIAL:
+        # acc_j = rnd(acc_{j-1} + term_j) in top-k order: each add is one rounding, monotone in its input
+        d = torch.zeros(t, hsz, dtype=torch.float64)
+        for j in range(k):
+            product = 2 * U_FP32 * term[:, j] if weighted_here else 0.0  # fl32(w z) and the fp32 add
+            d = _through_rounding(d + d_term[:, j] + product, trace.acc_pre[:, j], st.gemm2_out)
+    else:
+        d = d_term.sum(1) + (gamma(k) + gamma(k, U_FP64)) * term.sum(1)
+    return ErrorBound(_through_rounding(d, trace.out_pre, Precision.BF16))
+
+
+def _activation_deviation(h, d_h, phi_pre, act, st) -> torch.Tensor:
+    """|y' - y_pre| before the act_out rounding, on the factors phi(gate) * psi(up) with h split the way the
+    activation splits it; with GATE_ROUNDED the gate function passes its own rounding point first."""
+    phi, psi = gate_and_up(h, act)
+    if act.gated:
+        n = h.shape[-1] // 2
+        g, dg, du = (h[..., 0::2], d_h[..., 0::2], d_h[..., 1::2]) if act.interleaved else (
+            h[..., :n], d_h[..., :n], d_h[..., n:])
+    else:
+        g, dg, du = h, d_h, torch.zeros_like(d_h)
+    lip = act.gate_lipschitz
+    d_phi = (2 * g.abs() + dg) * dg if lip is None else lip * dg
+    # both the kernel's and the reference's fp32 evaluations err by up to EVAL_ULPS of the larger of
+    # |phi| and |g| (the |g| covers the cancellation in 1 + tanh / 1 + erf for large negative g)
+    d_eval = 2 * EVAL_ULPS * U_FP32 * (phi.abs() + g.abs())
+    if act.gated and st.activation is ActivationEval.GATE_ROUNDED:
+        d_phi = _through_rounding(d_phi + d_eval, phi_pre, st.act_out)
+        phi = round_to(phi_pre, st.act_out)
+        d_eval = 2 * EVAL_ULPS * U_FP32 * phi.abs()  # psi's evaluation and the fp32 product
+    else:
+        d_phi = d_phi + d_eval
+        d_eval = 0.0
+    return d_phi * psi.abs() + phi.abs() * du + d_phi * du + d_eval * psi.abs()

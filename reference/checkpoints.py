@@ -129,6 +129,7 @@ def make_checkpoint(
     outlier_channels: int = 2,
     outlier_scale: float = 16.0,
     calibration_tokens: int = 32,
+    bias_scale: float = 1.0,
 ) -> MoECheckpoint:
     """A quantized MoE checkpoint from random bf16 weights with outlier channels.
 
@@ -155,8 +156,10 @@ def make_checkpoint(
     n13 = 2 * intermediate_size if activation.gated else intermediate_size
     w13 = _dummy_weight(g, num_experts, n13, hidden_size, outlier_channels, outlier_scale)
     w2 = _dummy_weight(g, num_experts, hidden_size, intermediate_size, outlier_channels, outlier_scale)
-    b13 = torch.randn(num_experts, n13, generator=g) * 0.1 if with_bias else None
-    b2 = torch.randn(num_experts, hidden_size, generator=g) * 0.1 if with_bias else None
+    # biases on the scale of the GEMM outputs they join (gpt-oss's are not small next to them): a bias
+    # applied in the wrong place moves most outputs, not a few
+    b13 = torch.randn(num_experts, n13, generator=g) * bias_scale if with_bias else None
+    b2 = torch.randn(num_experts, hidden_size, generator=g) * bias_scale if with_bias else None
     ckpt = MoECheckpoint(
         scheme=scheme,
         activation=activation,

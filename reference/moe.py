@@ -1,17 +1,18 @@
-"""The reference fused MoE: the value a checkpoint means, with a kernel's rounding points.
+"""The reference fused MoE: the value a checkpoint means, computed with a kernel's numerical structure.
 
-For each token t and each of its top-k experts e (weight w):
+For each token t and each of its top-k experts e (router weight w), with the structure's rounding points
+(reference.structure: where the kernel rounds, where it applies w, how it sums the top-k terms):
   a1 = Qa(x_t)                        activation quantization of the GEMM1 input (none for A16 schemes)
-  h  = W13_e a1 + b13_e               -> bf16 if rounding.gemm1_out
-  y  = act(h)   (fp32)                -> bf16 if rounding.act_out
+  h  = rnd(W13_e a1 + b13_e)          the gemm1_out rounding point (w inside it: GEMM1_EPILOGUE)
+  y  = rnd(act(h))   (fp32)           the act_out rounding point (the gate function too: GATE_ROUNDED)
   a2 = Qa(y)                          activation quantization of the GEMM2 input (none for A16 schemes)
-  z  = W2_e a2 + b2_e                 -> bf16 if rounding.gemm2_out
-  out_t = sum_k w * z                 -> bf16 if rounding.output
+  z  = rnd(W2_e a2 + b2_e)            the gemm2_out rounding point (w inside it: GEMM2_EPILOGUE)
+  out_t = bf16(sum_k w z)             fp32 sum, or a sequential sum rounded after every add (SEQUENTIAL)
 GEMMs accumulate in float64 here (the exact sum, up to 1e-16), weights are the checkpoint's dequantized
 values (reference.checkpoints.dequantize_weight). Static activation scales are the max over experts of
 the checkpoint's input scales (NVFP4: one a1 and one a2 global scale shared by all experts).
-`exact=True` drops every bf16 rounding point and computes the activation in float64: the mathematical
-meaning (activation quantizers then see the fp32 rounding of their float64 input).
+`exact=True` drops every rounding point and computes the activation in float64: the mathematical
+meaning under the same structure (activation quantizers then see the fp32 rounding of their input).
 """
 
 from __future__ import annotations
@@ -20,30 +21,37 @@ from dataclasses import dataclass
 
 import torch
 
-from .activations import apply_activation
+from .activations import gate_and_up
 from .checkpoints import MoECheckpoint, dequantize_weight, nvfp4_decode_scale
-from .fp8 import qdq_fp8
+from .fp8 import ScaleApply, qdq_fp8
 from .mx import qdq_mx
 from .nvfp4 import qdq_nvfp4
 from .schemes import ActQuant
+from .structure import (DEFAULT_STRUCTURE, ActivationEval, NumericalStructure, Precision, RouterWeight, TopKSum,
+                        round_to, structure_by_name)
 
-__all__ = ["MoETrace", "fused_moe", "round_bf16", "activation_qdq", "static_activation_scales", "check_moe_inputs"]
+__all__ = ["MoETrace", "fused_moe", "round_bf16", "activation_qdq", "static_activation_scales", "check_moe_inputs",
+           "evaluate_activation"]
 
 
 @dataclass
 class MoETrace:
-    """Every intermediate of one reference forward, per (token, k) pair in row-major order."""
+    """Every intermediate of one reference forward, per (token, k) pair in row-major order (P = T k)."""
 
+    structure: NumericalStructure
     a1: torch.Tensor  # [T, H] float64, GEMM1 input after activation quantization
-    h: torch.Tensor  # [P, N13] float64, after the gemm1_out rounding point
-    y: torch.Tensor  # [P, I] float64, after the act_out rounding point
-    a2: torch.Tensor  # [P, I] float64, GEMM2 input after activation quantization
-    z: torch.Tensor  # [P, H] float64, after the gemm2_out rounding point
-    out: torch.Tensor  # [T, H] float64, after the output rounding point
-    h_pre: torch.Tensor  # the same four before their rounding points
-    y_pre: torch.Tensor
-    z_pre: torch.Tensor
-    out_pre: torch.Tensor
+    h_pre: torch.Tensor  # [P, N13] GEMM1 output (router weight included for GEMM1_EPILOGUE) before rounding
+    h: torch.Tensor  # [P, N13] after the gemm1_out rounding point
+    phi_pre: torch.Tensor  # [P, I] gate function before its own rounding (GATE_ROUNDED), else of y
+    y_pre: torch.Tensor  # [P, I] activation output before the act_out rounding point
+    y: torch.Tensor  # [P, I] after it
+    a2: torch.Tensor  # [P, I] GEMM2 input after activation quantization
+    z_pre: torch.Tensor  # [P, H] GEMM2 output (router weight included for GEMM2_EPILOGUE) before rounding
+    z: torch.Tensor  # [P, H] after the gemm2_out rounding point
+    term: torch.Tensor  # [P, H] what the top-k sum adds: w z, or z where the weight is already in
+    acc_pre: torch.Tensor  # [T, k, H] SEQUENTIAL: the partial sums before each rounding (FP32: term sums)
+    out_pre: torch.Tensor  # [T, H] before the output rounding
+    out: torch.Tensor  # [T, H] float64, after it
     w13: torch.Tensor  # [E, N13, H] float64 dequantized weights
     w2: torch.Tensor  # [E, H, I]
     pair_token: torch.Tensor  # [P] token of each pair
@@ -56,7 +64,7 @@ class MoETrace:
 
 def round_bf16(x: torch.Tensor, enabled: bool = True) -> torch.Tensor:
     """float64 -> bf16 the way a kernel rounds: to fp32 (its accumulator), then to bf16, both RNE."""
-    return x.float().to(torch.bfloat16).double() if enabled else x
+    return round_to(x, Precision.BF16, enabled)
 
 
 def static_activation_scales(ckpt: MoECheckpoint) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -80,8 +88,10 @@ def static_activation_scales(ckpt: MoECheckpoint) -> tuple[torch.Tensor | None, 
     return scales[0], scales[1]
 
 
-def activation_qdq(x: torch.Tensor, aq: ActQuant | None, ckpt: MoECheckpoint, static_scale) -> torch.Tensor:
-    """Quantize-dequantize GEMM-input activations [rows, K] along K as the scheme says (fp32 in, fp32 out)."""
+def activation_qdq(x: torch.Tensor, aq: ActQuant | None, ckpt: MoECheckpoint, static_scale,
+                   static_scale_apply: ScaleApply = ScaleApply.DIVIDE) -> torch.Tensor:
+    """Quantize-dequantize GEMM-input activations [rows, K] along K as the scheme says (fp32 in, fp32 out).
+    A static FP8 scale is applied as `static_scale_apply` says (the kernel's structure declares it)."""
     if aq is None:
         return x
     if aq.kind == "mx":
@@ -90,7 +100,7 @@ def activation_qdq(x: torch.Tensor, aq: ActQuant | None, ckpt: MoECheckpoint, st
         return qdq_nvfp4(x, global_decode_scale=static_scale)
     fmt = ckpt.fp8_format
     if aq.static:
-        return qdq_fp8(x, fmt, scale=static_scale)
+        return qdq_fp8(x, fmt, scale=static_scale, scale_apply=static_scale_apply)
     return qdq_fp8(x, fmt, granularity=aq.granularity, block_shape=aq.block_shape)
 
 
@@ -121,60 +131,93 @@ def check_moe_inputs(hidden_states, ckpt: MoECheckpoint, topk_weights, topk_ids)
         raise ValueError("topk_weights must be finite")
 
 
+def evaluate_activation(h: torch.Tensor, act, structure: NumericalStructure, exact: bool = False):
+    """(phi_pre, y_pre, y): the activation of GEMM1 outputs h as the structure evaluates it, in fp32
+    (float64 when exact), with its rounding points (none when exact). phi_pre is the gate function
+    before its own rounding where the structure rounds it (GATE_ROUNDED), else y_pre."""
+    keep = not exact
+    phi, psi = gate_and_up(h if exact else h.float(), act)
+    if not act.gated:
+        y_pre = phi.double()
+        return y_pre, y_pre, round_to(y_pre, structure.act_out, keep)
+    if structure.activation is ActivationEval.GATE_ROUNDED:
+        phi_pre = phi.double()
+        phi = round_to(phi_pre, structure.act_out, keep).to(phi.dtype)
+        y_pre = (phi * psi).double()
+    else:
+        y_pre = (phi * psi).double()
+        phi_pre = y_pre
+    return phi_pre, y_pre, round_to(y_pre, structure.act_out, keep)
+
+
 def fused_moe(
     hidden_states: torch.Tensor,
     ckpt: MoECheckpoint,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     *,
+    structure: NumericalStructure | str = DEFAULT_STRUCTURE,
     exact: bool = False,
     trace: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, MoETrace]:
-    """The reference MoE forward: bf16 [T, H] (float64 if exact) and optionally the trace."""
+    """The reference MoE forward with `structure`'s numerics: bf16 [T, H] (float64 if exact) and
+    optionally the trace."""
     check_moe_inputs(hidden_states, ckpt, topk_weights, topk_ids)
+    st = structure_by_name(structure)
+    st.check_top_k(topk_ids.shape[1])
     scheme, act, aq = ckpt.scheme, ckpt.activation, ckpt.scheme.act
-    rnd = scheme.rounding
-    keep = lambda name: (not exact) and getattr(rnd, name)  # noqa: E731
+    keep = not exact
     t, hsz = hidden_states.shape
     k = topk_ids.shape[1]
     w13 = dequantize_weight(ckpt.w13, scheme.weight, ckpt).double()
     w2 = dequantize_weight(ckpt.w2, scheme.weight, ckpt).double()
     a1_scale, a2_scale = static_activation_scales(ckpt)
+    qdq = lambda x, s: activation_qdq(x, aq, ckpt, s, st.fp8_static_scale)  # noqa: E731
 
-    a1 = activation_qdq(hidden_states.float(), aq, ckpt, a1_scale).double()
+    a1 = qdq(hidden_states.float(), a1_scale).double()
     pair_token = torch.arange(t).repeat_interleave(k)
     pair_expert = topk_ids.reshape(-1).long()
     pair_weight = topk_weights.reshape(-1).double()
     p = t * k
     n13 = w13.shape[1]
     isz = ckpt.intermediate_size
-    h = torch.zeros(p, n13, dtype=torch.float64)
-    z = torch.zeros(p, hsz, dtype=torch.float64)
-    y = torch.zeros(p, isz, dtype=torch.float64)
-    a2 = torch.zeros(p, isz, dtype=torch.float64)
-    h_pre, y_pre, z_pre = torch.zeros_like(h), torch.zeros_like(y), torch.zeros_like(z)
+    h_pre, h = torch.zeros(p, n13, dtype=torch.float64), torch.zeros(p, n13, dtype=torch.float64)
+    phi_pre, y_pre, y, a2 = (torch.zeros(p, isz, dtype=torch.float64) for _ in range(4))
+    z_pre, z = torch.zeros(p, hsz, dtype=torch.float64), torch.zeros(p, hsz, dtype=torch.float64)
     for e in pair_expert.unique().tolist():
         rows = (pair_expert == e).nonzero().flatten()
+        we = pair_weight[rows, None]
         he = a1[pair_token[rows]] @ w13[e].T
         if ckpt.b13 is not None:
             he = he + ckpt.b13[e].double()
-        h_pre[rows] = he
-        he = round_bf16(he, keep("gemm1_out"))
-        ye = apply_activation(he if exact else he.float(), act).double()
-        y_pre[rows] = ye
-        ye = round_bf16(ye, keep("act_out"))
-        a2e = activation_qdq(ye.float(), aq, ckpt, a2_scale).double() if aq is not None else ye
-        ze = a2e @ w2[e].T
+        if st.router_weight is RouterWeight.GEMM1_EPILOGUE:
+            he = he * we
+        h_pre[rows], h[rows] = he, round_to(he, st.gemm1_out, keep)
+        phi_pre[rows], y_pre[rows], y[rows] = evaluate_activation(h[rows], act, st, exact)
+        a2[rows] = qdq(y[rows].float(), a2_scale).double() if aq is not None else y[rows]
+        ze = a2[rows] @ w2[e].T
         if ckpt.b2 is not None:
             ze = ze + ckpt.b2[e].double()
-        z_pre[rows] = ze
-        h[rows], y[rows], a2[rows], z[rows] = he, ye, a2e, round_bf16(ze, keep("gemm2_out"))
-    out_pre = (z * pair_weight[:, None]).reshape(t, k, hsz).sum(1)
-    out = round_bf16(out_pre, keep("output"))
+        if st.router_weight is RouterWeight.GEMM2_EPILOGUE:
+            ze = ze * we
+        z_pre[rows], z[rows] = ze, round_to(ze, st.gemm2_out, keep)
+    term = z * pair_weight[:, None] if st.router_weight is RouterWeight.AFTER_GEMM2_ROUNDING else z
+    terms = term.reshape(t, k, hsz)
+    if st.topk_sum is TopKSum.SEQUENTIAL:
+        acc_pre = torch.empty_like(terms)
+        acc = torch.zeros(t, hsz, dtype=torch.float64)
+        for j in range(k):
+            acc_pre[:, j] = acc + terms[:, j]
+            acc = round_to(acc_pre[:, j], st.gemm2_out, keep)
+        out_pre = acc
+    else:
+        acc_pre = terms.cumsum(1)
+        out_pre = terms.sum(1)
+    out = round_bf16(out_pre, keep)
     result = out if exact else out.to(torch.bfloat16)
     if not trace:
         return result
     return result, MoETrace(
-        a1, h, y, a2, z, out, h_pre, y_pre, z_pre, out_pre, w13, w2, pair_token, pair_expert, pair_weight,
-        a1_scale, a2_scale, k,
+        st, a1, h_pre, h, phi_pre, y_pre, y, a2, z_pre, z, term, acc_pre, out_pre, out, w13, w2, pair_token,
+        pair_expert, pair_weight, a1_scale, a2_scale, k,
     )

@@ -3,18 +3,19 @@
 
 A scheme says how the checkpoint stores the expert weights (`weight`) and how the MoE quantizes the
 activations that enter each GEMM (`act`: a1 into GEMM1, a2 into GEMM2; None = they stay bf16, a
-weight-only "A16" scheme). Where a real kernel rounds to bf16 is `rounding` (RoundingPoints).
+weight-only "A16" scheme). Where a kernel rounds is not the scheme's business: each backend declares its
+numerical structure (reference.structure).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .formats import E2M1, E2M3, E3M2, E4M3FN, FloatFormat
 from .fp8 import Granularity
 from .mx import ScaleMode
 
-__all__ = ["WeightQuant", "ActQuant", "RoundingPoints", "Scheme", "SCHEMES", "scheme_by_name"]
+__all__ = ["WeightQuant", "ActQuant", "Scheme", "SCHEMES", "scheme_by_name"]
 
 # `kind` names the quantizer family; "fp8" formats are the platform's FP8 dtype at run time
 # (E4M3FN on sm90/sm100/gfx950, E4M3FNUZ on gfx942), so a record stores E4M3FN as the default.
@@ -66,21 +67,10 @@ class ActQuant:
 
 
 @dataclass(frozen=True)
-class RoundingPoints:
-    """Which intermediates a kernel stores in bf16 (vLLM's Triton fused MoE stores all four)."""
-
-    gemm1_out: bool = True  # GEMM1 result (intermediate_cache1)
-    act_out: bool = True  # activation result, before a2 quantization (intermediate_cache2)
-    gemm2_out: bool = True  # per (token, k) GEMM2 result, before the weighted top-k sum (intermediate_cache3)
-    output: bool = True  # the MoE output
-
-
-@dataclass(frozen=True)
 class Scheme:
     name: str
     weight: WeightQuant | None  # None: unquantized bf16 weights
     act: ActQuant | None  # None: activations stay bf16 (A16)
-    rounding: RoundingPoints = field(default_factory=RoundingPoints)
     description: str = ""
 
     @property

@@ -1,12 +1,14 @@
 """Detection power, in `make test`: every seeded-bug backend of the catalog (harness.catalog) fails the
-conformance suite's own checks, and the correct base they all wrap passes every one of them - so each
-mutant is caught for its bug. `python -m harness catalog` prints the same hunt as a table."""
+conformance suite's own checks under every declared numerical structure, and the correct base they all
+wrap passes every one of them under each structure - so each mutant is caught for its bug, whatever
+structure the kernel has. `python -m harness catalog` prints the same hunt as a table."""
 
 from __future__ import annotations
 
 import pytest
 
 from harness.catalog import CONTROL, MUTANTS, hunt, make_mutant
+from reference.structure import STRUCTURES
 
 
 def test_the_catalog_is_at_least_twenty_distinct_bug_classes():
@@ -14,13 +16,31 @@ def test_the_catalog_is_at_least_twenty_distinct_bug_classes():
     assert len({m.bug for m in MUTANTS}) == len(MUTANTS)
 
 
+@pytest.mark.parametrize("structure", list(STRUCTURES))
 @pytest.mark.parametrize("name", [m.name for m in MUTANTS])
-def test_mutant_is_caught(name):
-    catch, seconds, checks = hunt(make_mutant(name))
-    assert catch is not None, f"mutant {name} survived all {checks} conformance checks ({seconds:.1f}s)"
+def test_mutant_is_caught(name, structure):
+    catch, seconds, checks = hunt(make_mutant(name, structure))
+    assert catch is not None, f"mutant {name} declaring {structure} survived all {checks} conformance checks ({seconds:.1f}s)"
 
 
-def test_control_passes_every_check():
-    catch, _, checks = hunt(make_mutant(CONTROL.name))
-    assert catch is None, f"the correct base failed {catch.check}: {catch.message}"
+@pytest.mark.parametrize("structure", list(STRUCTURES))
+def test_control_passes_every_check(structure):
+    catch, _, checks = hunt(make_mutant(CONTROL.name, structure))
+    assert catch is None, f"the correct base declaring {structure} failed {catch.check}: {catch.message}"
     assert checks > 200  # it really ran the cases (cpu and gfx942 semantics)
+
+
+def test_the_fp8_bias_bug_fails_most_elements_of_every_biased_case():
+    """vLLM's bias-before-dequantization bug (PR 31676) must not hide among 8 of 32768 elements."""
+    from harness.conformance import SHAPES, conformance_cases, run_case
+    from harness.platforms import PLATFORMS
+
+    mutant = make_mutant("fp8_bias_before_dequantization")
+    biased = 0
+    for case, reason in conformance_cases({mutant.name: mutant}, [PLATFORMS["cpu"]]):
+        if reason or case.scheme.name != "w_fp8_a_fp8":
+            continue
+        result = run_case(mutant, case, SHAPES["cpu"])
+        biased += 1
+        assert result.n_bad > result.n_total // 2, f"{case.id}: only {result.n_bad} of {result.n_total} elements"
+    assert biased == 12  # every activation

@@ -10,15 +10,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.backends import BUILTIN_BACKENDS, load_backend, registered_backends
+from harness.backends import BUILTIN_BACKENDS, backend_structure, load_backend, registered_backends
 from harness.backends.base import Problem
-from harness.conformance import SHAPES, reference_run
+from harness.conformance import SHAPES, ConformanceCase, reference_run, run_case
 from harness.oracle import ORACLE_TABLE_PATH, NoBackendError, all_platforms, choose_backend, format_oracle_table
 from harness.platforms import PLATFORMS, detect_platform, platform_by_name
 from harness.tolerances import compare, moe_error_bound
-from reference.activations import activation_by_name
+from reference.activations import ACTIVATIONS, activation_by_name
 from reference.formats import E4M3FN, E4M3FNUZ
-from reference.schemes import scheme_by_name
+from reference.schemes import SCHEMES, scheme_by_name
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -61,12 +61,12 @@ def test_gfx942_kimi_k3_regression_situ_falls_back_losslessly():
     assert d.backend != "aiter" and d.backend.endswith("emulation")
     assert "aiter" in d.explain() and "SITU" in d.explain()
     # lossless: the chosen backend meets the W4A16 reference (bf16 activations) within the derived bound
-    shape = SHAPES["cpu"]
-    ckpt, inputs, out, trace = reference_run("w_mxfp4", "SITU", gfx942.fp8_format.name, shape, 0)
-    assert torch.equal(trace.a1, inputs[0].double())  # the reference leaves a1 untouched
     backend = backends[d.backend]
-    got = backend.forward(backend.prepare(ckpt), *inputs)
-    c = compare(out, got, moe_error_bound(trace, ckpt, getattr(backend, "operand_dtype", torch.float32)), "gfx942")
+    shape = SHAPES["cpu"]
+    ckpt, inputs, out, trace = reference_run("w_mxfp4", "SITU", gfx942.fp8_format.name, shape, 0,
+                                             backend_structure(backend))
+    assert torch.equal(trace.a1, inputs[0].double())  # the reference leaves a1 untouched
+    c = run_case(backend, ConformanceCase(d.backend, gfx942, SCHEMES["w_mxfp4"], ACTIVATIONS["SITU"]), shape)
     assert c.ok, c.message()
 
 
@@ -131,7 +131,38 @@ def test_a_wrong_outside_backend_fails_naming_scheme_stage_and_element():
                    "-k", "w_mxfp4_a_mxfp4/SILU/ and cpu and not hypothesis")
     assert proc.returncode == 1
     line = next(ln for ln in proc.stdout.splitlines() if "AssertionError: w_mxfp4_a_mxfp4/SILU/wrong_example/cpu" in ln)
-    assert ": output:" in line and "worst at index (" in line and "expected" in line and "bf16 ulp" in line
+    assert ": output:" in line and "elements out of bound" in line and "ulp" in line and "its bound" in line
+    assert line.count("wrong_example/cpu") == 1  # the case id once
+    assert "worst relative to its bound: index (" in proc.stdout and "expected" in proc.stdout
+    assert "the reference is closer" in proc.stdout  # the kernel's a2 is unquantized: farther from exact math
+    assert "assumed the declared structure rounded_terms" in proc.stdout
+
+
+def test_repro_writes_a_shrunk_case_and_a_script_that_fails_the_same_way(tmp_path):
+    proc = _pytest("suites/test_conformance.py", "--backend", "examples.wrong_backend:make_backend",
+                   "-k", "w_mxfp4_a_mxfp4/SILU/ and cpu and not hypothesis", "--repro", str(tmp_path))
+    assert proc.returncode == 1 and "reproducer: python" in proc.stdout
+    folder = tmp_path / "w_mxfp4_a_mxfp4_SILU_wrong_example_cpu"
+    assert (folder / "case.pt").is_file() and (folder / "repro.py").is_file()
+    case = torch.load(folder / "case.pt", weights_only=False)
+    x, w, ids = case["inputs"]
+    assert x.shape[0] == 1 and case["checkpoint"].num_experts == ids.shape[1]  # one token, its experts only
+    assert case["backend"] == "examples.wrong_backend:make_backend"
+    run = subprocess.run([sys.executable, str(folder / "repro.py")], cwd=ROOT, capture_output=True, text=True)
+    assert run.returncode == 1 and "elements out of bound" in run.stdout, run.stdout + run.stderr
+    fixed = subprocess.run([sys.executable, str(folder / "repro.py"), "examples.simple_backend:make_backend"],
+                           cwd=ROOT, capture_output=True, text=True)
+    assert fixed.returncode == 0 and ": ok (" in fixed.stdout, fixed.stdout + fixed.stderr
+
+
+def test_a_backend_that_declares_a_structure_it_does_not_follow_fails_and_is_told_which():
+    """The simple example computes "rounded_terms"; declaring "vllm_triton" instead must fail, with the
+    structure the reference assumed in the message (the declaration is checked, not trusted)."""
+    proc = _pytest("suites/test_conformance.py", "--backend", "examples.wrong_structure_backend:make_backend",
+                   "-k", "(w_mxfp4/SILU/ or bf16/GELU/ or w_fp8_a_fp8/SWIGLUOAI/) and cpu and not hypothesis")
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    assert "3 failed" in proc.stdout.splitlines()[-1]
+    assert "assumed the declared structure vllm_triton" in proc.stdout
 
 
 def test_pytest_m_gfx942_runs_here_with_hardware_cases_skipped_and_reasons_shown():

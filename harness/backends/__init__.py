@@ -7,10 +7,12 @@ from __future__ import annotations
 import importlib
 from importlib.metadata import entry_points
 
-from .base import Backend, Problem, backend_accumulation_error, backend_available, backend_operand_dtype
+from .base import (Backend, Declined, Problem, backend_accumulation_error, backend_available, backend_operand_dtype,
+                   backend_prepare, backend_structure)
 
 __all__ = ["BUILTIN_BACKENDS", "ENTRY_POINT_GROUP", "load_backend", "registered_backends", "Backend", "Problem",
-           "backend_available", "backend_operand_dtype", "backend_accumulation_error"]
+           "backend_available", "backend_operand_dtype", "backend_accumulation_error", "backend_structure",
+           "backend_prepare", "Declined"]
 
 BUILTIN_BACKENDS: dict[str, str] = {
     "triton_emulation": "harness.backends.triton_emulation:make_backend",

@@ -16,6 +16,8 @@ _SCHEMES = {"gfx942": {"w_fp8_a_fp8", "w_fp8_a_fp8_block", "w_mxfp4"},
 
 class AiterCapabilityModel:
     name = "aiter"
+    # not measured (no AMD machine): declared as the default so the record is explicit, revisit with the adapter
+    numerical_structure = "vllm_triton"
 
     def supports(self, problem, platform) -> tuple[bool, str]:
         if platform.name not in _ACTIVATIONS:

@@ -15,6 +15,11 @@ Optional:
                                         operands to bf16; the derived bound depends on it
   accumulation_error: float             0 (default) for fp32 GEMM accumulation; else the extra error of its
                                         hardware accumulator relative to sum|a||w| (see torch_fp8)
+  numerical_structure: NumericalStructure | str
+                                        where it rounds and in what dtype, where it applies the router
+                                        weight, how it evaluates the activation and sums the top-k terms
+                                        (reference.structure; a name from STRUCTURES or a record). Default:
+                                        vLLM's Triton fused MoE ("vllm_triton")
   quantize_mx(x, elem, scale_mode) -> (codes, scales)              quantizer entry points, checked
   quantize_nvfp4(x, global_decode_scale) -> (codes, block_scales)  bit-exactly against the reference
   quantize_fp8(x, fmt, granularity, block_shape, scale) -> (codes, scale)
@@ -30,13 +35,16 @@ import torch
 from reference.activations import Activation
 from reference.checkpoints import MoECheckpoint
 from reference.schemes import Scheme
+from reference.structure import DEFAULT_STRUCTURE, NumericalStructure, structure_by_name
 
-__all__ = ["Problem", "Backend", "backend_operand_dtype", "backend_accumulation_error", "backend_available"]
+__all__ = ["Problem", "Backend", "backend_operand_dtype", "backend_accumulation_error", "backend_available",
+           "backend_structure", "backend_prepare", "Declined"]
 
 
 @dataclass(frozen=True)
 class Problem:
-    """What a backend is asked to compute (shapes included: a backend may support only some)."""
+    """What a backend is asked to compute: the shapes, top-k, token count and biases of the case that will
+    actually run (a backend may support only some)."""
 
     scheme: Scheme
     activation: Activation
@@ -75,3 +83,25 @@ def backend_accumulation_error(backend) -> float:
 def backend_available(backend, platform) -> tuple[bool, str]:
     fn = getattr(backend, "available", None)
     return fn(platform) if fn is not None else (True, "")
+
+
+class Declined(Exception):
+    """prepare() raised NotImplementedError for this checkpoint: a declared limitation, reported as a skip
+    with the backend's reason (never a wrong answer). NotImplementedError from forward() is not this: a
+    backend that claims a problem in supports() must compute it."""
+
+
+def backend_prepare(backend, ckpt: MoECheckpoint):
+    try:
+        return backend.prepare(ckpt)
+    except NotImplementedError as exc:
+        raise Declined(f"{backend.name} declined the checkpoint: {exc}") from exc
+
+
+def backend_structure(backend) -> NumericalStructure:
+    """The backend's declared numerical structure (vLLM's Triton fused MoE when it declares none)."""
+    declared = getattr(backend, "numerical_structure", DEFAULT_STRUCTURE)
+    try:
+        return structure_by_name(declared)
+    except ValueError as exc:
+        raise ValueError(f"backend {getattr(backend, 'name', backend)!r}: numerical_structure: {exc}") from None

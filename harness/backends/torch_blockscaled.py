@@ -18,6 +18,7 @@ from reference.moe import check_moe_inputs, static_activation_scales
 from reference.mx import quantize_mx
 from reference.nvfp4 import quantize_nvfp4
 from reference.packing import pack_fp4
+from reference.structure import STRUCTURES
 
 _SCHEMES = {"w_mxfp4_a_mxfp4": "mx", "w_nvfp4_a_nvfp4": "nvfp4"}
 
@@ -25,6 +26,7 @@ _SCHEMES = {"w_mxfp4_a_mxfp4": "mx", "w_nvfp4_a_nvfp4": "nvfp4"}
 class TorchBlockScaledBackend:
     name = "torch_blockscaled"
     operand_dtype = torch.float32
+    numerical_structure = STRUCTURES["rounded_terms"]  # bf16 after each GEMM and the activation; fp32 weighted sum
 
     def __init__(self):
         self.device = "cuda" if torch.cuda.is_available() else "cpu"

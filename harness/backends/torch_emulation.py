@@ -10,11 +10,13 @@ import torch
 
 from harness.emulation import moe_emulation
 from reference.checkpoints import MoECheckpoint
+from reference.structure import STRUCTURES
 
 
 class TorchEmulationBackend:
     name = "torch_emulation"
     operand_dtype = torch.bfloat16  # dequantized weights and QDQ'd activations are rounded to bf16
+    numerical_structure = STRUCTURES["vllm_triton"]  # the structure of the vLLM MoE it stands in for
 
     def supports(self, problem, platform) -> tuple[bool, str]:
         return True, "pure torch: every scheme and activation, any platform's semantics"
@@ -26,7 +28,7 @@ class TorchEmulationBackend:
         return ckpt
 
     def forward(self, prepared: MoECheckpoint, hidden_states, topk_weights, topk_ids) -> torch.Tensor:
-        return moe_emulation(hidden_states, prepared, topk_weights, topk_ids,
+        return moe_emulation(hidden_states, prepared, topk_weights, topk_ids, structure=self.numerical_structure,
                              operand_dtype=torch.bfloat16, dequantize_all_experts=True)
 
 

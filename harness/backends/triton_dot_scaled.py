@@ -35,8 +35,14 @@ class TritonDotScaledBackend(TritonEmulationBackend):
         # Measured on the H200 (Triton 3.6, sm90): tl.dot_scaled's upcast turns the E8M0 scale 2^-127
         # (code 0) into 0, so a block with that scale and nonzero codes comes out as zeros. All-zero blocks
         # (the usual owners of code 0) are unaffected; anything else is declined, not computed wrong.
+        # Its software decode also turns the NaN scale 0xFF into Inf (NUMERICS.md): declined too.
         for name in ("w13", "w2"):
             w = getattr(ckpt, name)
+            nan_blocks = int((w.scale == 0xFF).sum())
+            if nan_blocks:
+                raise NotImplementedError(
+                    f"triton_dot_scaled: {name} has {nan_blocks} MX blocks with the NaN scale 0xFF; tl.dot_scaled on "
+                    "this Triton decodes it as Inf (use triton_emulation)")
             flushed = _blocks_lost_to_scale_0(w.data, w.scale, packed=ckpt.scheme.weight.elem.nbits == 4)
             if flushed:
                 raise NotImplementedError(

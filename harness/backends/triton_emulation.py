@@ -17,6 +17,7 @@ from reference.formats import FloatFormat
 from reference.fp8 import Granularity
 from reference.moe import check_moe_inputs, static_activation_scales
 from reference.mx import ScaleMode
+from reference.structure import STRUCTURES
 
 from . import triton_kernels as K
 from .triton_kernels import triton
@@ -61,6 +62,9 @@ TILE_TABLE = (
 class TritonEmulationBackend:
     name = "triton_emulation"
     operand_dtype = torch.float32  # operands are exact in bf16; scales multiply fp32 partial sums
+    # bf16 after each GEMM and after the fp32-evaluated activation; topk_reduce_kernel weights the rounded
+    # GEMM2 rows and sums them in fp32; static FP8 scales divide (fp8_quantize_kernel)
+    numerical_structure = STRUCTURES["rounded_terms"]
     use_dot_scaled = False  # triton_dot_scaled's GEMMs use tl.dot_scaled on the MX weights
     min_block_k = 16
     swap_ab = False  # triton_dot_scaled: weights as dot_scaled's left operand (see moe_gemm_kernel)

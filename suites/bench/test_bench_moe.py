@@ -17,7 +17,8 @@ import torch
 from harness.backends import Problem, load_backend
 from harness.bench import (CPU_SHAPE, MODEL_SHAPES, TOKENS, DequantizeAllBaseline, capture, device_checkpoint,
                            flush_l2, io_bytes, median_ms, moe_flops, routed_inputs, weight_bytes)
-from harness.conformance import Shape, compare_backend, reference_run
+from harness.backends import backend_structure
+from harness.conformance import Shape, backend_shape, compare_backend, reference_run
 from harness.platforms import detect_platform
 from reference.activations import activation_by_name
 from reference.schemes import scheme_by_name
@@ -56,8 +57,10 @@ def _correct(name: str, shape_name: str, scheme: str) -> str:
     shape = CPU_SHAPE if shape_name == CPU_SHAPE.name else MODEL_SHAPES[shape_name]
     small = Shape(num_experts=min(8, shape.num_experts), hidden_size=shape.hidden_size,
                   intermediate_size=shape.intermediate_size, tokens=16, top_k=min(shape.top_k, 4))
-    ckpt, inputs, out, trace = reference_run(scheme, shape.activation, "e4m3fn", small, 0)
-    result = compare_backend(_backend(name), ckpt, inputs, out, trace, f"{shape_name}/{scheme}/{name}")
+    backend = _backend(name)
+    ckpt, inputs, out, trace = reference_run(scheme, shape.activation, "e4m3fn", backend_shape(backend, small), 0,
+                                             backend_structure(backend), shape.activation == "SWIGLUOAI")
+    result = compare_backend(backend, ckpt, inputs, out, trace, f"{shape_name}/{scheme}/{name}")
     assert result.ok, result.message()
     return result.message()
 
@@ -82,7 +85,8 @@ def test_moe_forward(case, benchmark, bench_rows):
     if not GPU:
         ckpt, inputs, _, _ = reference_run(scheme, shape.activation, "e4m3fn",
                                            Shape(shape.num_experts, shape.hidden_size, shape.intermediate_size, tokens,
-                                                 shape.top_k), 1)
+                                                 shape.top_k), 1, backend_structure(backend),
+                                           shape.activation == "SWIGLUOAI")
         prep = backend.prepare(ckpt)
         benchmark.pedantic(lambda: backend.forward(prep, *inputs), rounds=1, iterations=1)
         return

@@ -1,0 +1,152 @@
+"""The numerical structure of a fused-MoE kernel: where it rounds and in what dtype, where it applies the
+router weight, how it evaluates the activation, how it sums the top-k terms, how it applies a static FP8
+activation scale. Correct kernels differ in every one of these (see NUMERICS.md, "Where real MoE kernels
+round"), and a difference of structure moves outputs by about one bf16 ulp on a tenth of the elements:
+more than a tight bound allows. So the structure is declared by the backend, the reference MoE computes
+with it, and the derived bound follows it (harness.tolerances.moe_error_bound).
+
+Per (token t, expert e, router weight w) pair, with rnd_P the rounding to precision P:
+  h = rnd_gemm1(W13 a1 + b13)            [GEMM1_EPILOGUE: rnd_gemm1(w * (W13 a1 + b13))]
+  y = rnd_act(phi(g) psi(u))             [GATE_ROUNDED:   rnd_act(rnd_act(phi(g)) psi(u))]
+  z = rnd_gemm2(W2 Qa(y) + b2)           [GEMM2_EPILOGUE: rnd_gemm2(w * (W2 Qa(y) + b2))]
+  term = w z                             [the weight already applied: term = z]
+  out = bf16(sum_k term)  in fp32        [SEQUENTIAL: acc = rnd_gemm2(acc + term_j), j = 0..k-1, in order]
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import torch
+
+from .fp8 import ScaleApply
+
+__all__ = [
+    "Precision", "RouterWeight", "ActivationEval", "TopKSum", "NumericalStructure", "STRUCTURES",
+    "DEFAULT_STRUCTURE", "structure_by_name", "round_to",
+]
+
+
+class Precision(enum.Enum):
+    """The dtype a kernel stores an intermediate in (fp32: kept in the accumulator's precision)."""
+
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP32 = "fp32"
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[self.value]
+
+    @property
+    def unit_roundoff(self) -> float:
+        return {"bf16": 2.0**-8, "fp16": 2.0**-11, "fp32": 2.0**-24}[self.value]
+
+
+class RouterWeight(enum.Enum):
+    """Where the router weight multiplies a pair's value."""
+
+    AFTER_GEMM2_ROUNDING = "after_gemm2_rounding"  # w * rnd(z) inside the top-k sum (a separate reduce kernel)
+    GEMM2_EPILOGUE = "gemm2_epilogue"  # rnd(w * z): into GEMM2's fp32 accumulator (vLLM MUL_ROUTED_WEIGHT)
+    # into GEMM1's fp32 accumulator, bias included, before its rounding; GEMM2 does not apply it (vLLM's
+    # apply_router_weight_on_input, a different model, defined for top_k = 1 only)
+    GEMM1_EPILOGUE = "gemm1_epilogue"
+
+
+class ActivationEval(enum.Enum):
+    FP32 = "fp32"  # phi(g) psi(u) evaluated in fp32, rounded once to the act_out precision
+    GATE_ROUNDED = "gate_rounded"  # phi(g) rounded to the act_out precision first (vLLM's CUDA act_and_mul)
+
+
+class TopKSum(enum.Enum):
+    FP32 = "fp32"  # the k terms summed in fp32, any order, one rounding to the bf16 output
+    # acc = term_0, then acc = rnd(acc + term_j) for j = 1..k-1 in top-k order, in the gemm2_out precision
+    # (vLLM's moe_sum accumulates in the output dtype)
+    SEQUENTIAL = "sequential"
+
+
+@dataclass(frozen=True)
+class NumericalStructure:
+    name: str
+    gemm1_out: Precision = Precision.BF16
+    act_out: Precision = Precision.BF16
+    gemm2_out: Precision = Precision.BF16
+    router_weight: RouterWeight = RouterWeight.GEMM2_EPILOGUE
+    activation: ActivationEval = ActivationEval.GATE_ROUNDED
+    topk_sum: TopKSum = TopKSum.SEQUENTIAL
+    fp8_static_scale: ScaleApply = ScaleApply.RECIPROCAL_MULTIPLY  # how a static FP8 activation scale is applied
+    description: str = ""
+
+    def __post_init__(self):
+        for field, kind in (("gemm1_out", Precision), ("act_out", Precision), ("gemm2_out", Precision),
+                            ("router_weight", RouterWeight), ("activation", ActivationEval),
+                            ("topk_sum", TopKSum), ("fp8_static_scale", ScaleApply)):
+            value = getattr(self, field)
+            if not isinstance(value, kind):
+                raise TypeError(f"NumericalStructure.{field} must be a {kind.__name__} "
+                                f"(one of {[m.name for m in kind]}), got {value!r}")
+
+    @property
+    def max_top_k(self) -> int | None:
+        """The largest top_k this structure is defined for (None: any)."""
+        return 1 if self.router_weight is RouterWeight.GEMM1_EPILOGUE else None
+
+    def check_top_k(self, top_k: int) -> None:
+        if self.max_top_k is not None and top_k > self.max_top_k:
+            raise ValueError(f"structure {self.name!r} applies the router weight in GEMM1's epilogue, which is "
+                             f"defined for top_k <= {self.max_top_k} only; got top_k={top_k}")
+
+    @property
+    def label(self) -> str:
+        return (f"{self.name}: gemm1->{self.gemm1_out.value}, act({self.activation.value})->{self.act_out.value}, "
+                f"gemm2->{self.gemm2_out.value}, router weight {self.router_weight.value}, "
+                f"top-k sum {self.topk_sum.value}, static FP8 scale {self.fp8_static_scale.name.lower()}")
+
+
+def round_to(x: torch.Tensor, precision: Precision, enabled: bool = True) -> torch.Tensor:
+    """float64 -> `precision` -> float64 the way a kernel rounds: to fp32 (its accumulator), then to the
+    storage dtype, both RNE. fp32 storage rounds once. Values past the dtype's range become +-inf."""
+    if not enabled:
+        return x
+    return x.float().to(precision.dtype).double()
+
+
+VLLM_TRITON = NumericalStructure(
+    "vllm_triton",
+    description="vLLM's Triton fused MoE: bf16 caches after each GEMM and the activation, act_and_mul rounds "
+                "the gate function before the multiply, the router weight in GEMM2's fp32 epilogue, moe_sum "
+                "in bf16 in top-k order, static FP8 scales applied as x * fl(1/scale) (scaled_fp8_quant)",
+)
+STRUCTURES: dict[str, NumericalStructure] = {
+    s.name: s
+    for s in (
+        VLLM_TRITON,
+        NumericalStructure(
+            "vllm_triton_weight_on_input", router_weight=RouterWeight.GEMM1_EPILOGUE,
+            description="vLLM's Triton fused MoE with apply_router_weight_on_input (top_k = 1): the weight "
+                        "multiplies GEMM1's fp32 output, GEMM2 is unweighted"),
+        NumericalStructure(
+            "rounded_terms", router_weight=RouterWeight.AFTER_GEMM2_ROUNDING, activation=ActivationEval.FP32,
+            topk_sum=TopKSum.FP32, fp8_static_scale=ScaleApply.DIVIDE,
+            description="bf16 GEMM outputs and activation (fp32-evaluated, rounded once); the top-k reduction "
+                        "weights the rounded terms and sums them in fp32 (this project's Triton kernels)"),
+        NumericalStructure(
+            "fp32_reduce", gemm2_out=Precision.FP32, topk_sum=TopKSum.FP32, activation=ActivationEval.FP32,
+            fp8_static_scale=ScaleApply.DIVIDE,
+            description="scatter-reduce kernels (triton_kernels' matmul_ogs, CUTLASS finalize epilogues): GEMM2 "
+                        "outputs weighted in fp32 and summed in fp32, one bf16 rounding at the output"),
+    )
+}
+# A backend that declares nothing is judged as vLLM's Triton fused MoE, the system the seeds come from.
+DEFAULT_STRUCTURE = VLLM_TRITON
+
+
+def structure_by_name(name: str | NumericalStructure) -> NumericalStructure:
+    if isinstance(name, NumericalStructure):
+        return name
+    try:
+        return STRUCTURES[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown numerical structure {name!r}; expected one of {sorted(STRUCTURES)} "
+                         "or a NumericalStructure") from None

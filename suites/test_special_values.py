@@ -1,0 +1,97 @@
+"""Special values through backends (harness.special_values): NaN, 2^-127 and 2^127 E8M0 block scales, NVFP4
+block scales 0 and 448, FP8 weight scales 2^-100 and 2^50, and NaN/Inf rows past the real tokens. The
+comparison holds NaN and Inf outputs to the reference's places and signs. Each case is first shown to
+fail the plausible wrong answer it names, so a pass means something."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from harness.backends import Declined, backend_available, backend_structure
+from harness.conformance import _checkpoint, backend_shape, case_inputs, case_problem, compare_backend, default_shape
+from harness.emulation import moe_emulation
+from harness.platforms import detect_platform
+from harness.special_values import SPECIAL_CASES, padded_rows_leak, poisoned_inputs
+from harness.tolerances import compare, moe_error_bound
+from reference.activations import activation_by_name
+from reference.moe import fused_moe
+from reference.schemes import scheme_by_name
+from reference.structure import STRUCTURES
+
+SPECIAL_IDS = [c.name for c in SPECIAL_CASES]
+ACT = "SILU"
+
+
+def _special_run(special, scheme: str, structure, shape, bias: bool):
+    host = detect_platform()
+    base = _checkpoint(scheme, ACT, host.fp8_format.name, shape, 0, bias)
+    ckpt = special.checkpoint(base) if special.checkpoint else base
+    x, w, ids = case_inputs(shape, 5)
+    if special.inputs:
+        x, w, ids = special.inputs(x, w, ids)
+    out, trace = fused_moe(x, ckpt, w, ids, structure=structure, trace=True)
+    return ckpt, (x, w, ids), out, trace
+
+
+@pytest.mark.parametrize("special", SPECIAL_CASES, ids=SPECIAL_IDS)
+def test_a_plausible_wrong_answer_to_each_special_value_fails(special):
+    """The correct emulation passes the special case and the named wrong answer fails it, under every
+    declared structure."""
+    shape = default_shape(detect_platform())
+    for structure in STRUCTURES.values():
+        sh = shape if structure.max_top_k is None else dataclasses.replace(shape, top_k=structure.max_top_k)
+        for scheme in special.schemes:
+            ckpt, (x, w, ids), out, trace = _special_run(special, scheme, structure, sh, special.biased)
+            bound = moe_error_bound(trace, ckpt, torch.float32)
+            what = f"{special.name}/{scheme}/{structure.name}"
+
+            def emulate(c, st=structure):
+                return moe_emulation(x, c, w, ids, structure=st, operand_dtype=torch.float32)
+
+            right = compare(out, emulate(ckpt), bound, what)
+            assert right.ok, right.message()
+            if special.poison_padding:
+                px, pw, pids = poisoned_inputs(x, w, ids)
+                right = compare(out, moe_emulation(px, ckpt, pw, pids, structure=structure,
+                                                   operand_dtype=torch.float32), bound, what)
+                assert right.ok, right.message()
+                wrong = padded_rows_leak(emulate(ckpt), px)
+            elif special.wrong_structure:
+                wrong = emulate(ckpt, special.wrong_structure(structure))
+            else:
+                wrong = emulate(special.wrong(ckpt))
+            caught = compare(out, wrong, bound, what)
+            assert not caught.ok, f"{what}: the wrong answer ({special.wrong_answer}) passed"
+            if special.name in ("e8m0_nan_block", "e8m0_max_scale"):
+                assert bool(torch.isnan(out.float()).any()), f"{what}: the special block reached no output"
+
+
+@pytest.mark.parametrize("special", SPECIAL_CASES, ids=SPECIAL_IDS)
+def test_special_values_through_backends(backend_name, backends, special):
+    backend = backends[backend_name]
+    host = detect_platform()
+    shape = backend_shape(backend, default_shape(host))
+    structure = backend_structure(backend)
+    ran, declined = [], []
+    for scheme in special.schemes:
+        problem, ok, _ = case_problem(backend, scheme_by_name(scheme), activation_by_name(ACT), host, shape)
+        if not ok or not backend_available(backend, host)[0]:
+            continue
+        ckpt, inputs, out, trace = _special_run(special, scheme, structure, shape,
+                                                problem.has_bias and special.biased)
+        if special.poison_padding:
+            inputs = poisoned_inputs(*inputs, device=getattr(backend, "device", "cpu"))
+        what = f"{scheme}/{ACT}/{backend_name}/{host.name}/{special.name}"
+        try:
+            result = compare_backend(backend, ckpt, inputs, out, trace, what)
+        except Declined as exc:  # a declared limitation, reported, never a wrong answer
+            declined.append(f"{scheme}: {exc}")
+            continue
+        assert result.ok, result.message()
+        ran.append(scheme)
+    if not ran:
+        pytest.skip(f"{backend_name} runs none of {special.schemes} here" +
+                    (f"; declined: {'; '.join(declined)}" if declined else ""))
