@@ -63,10 +63,12 @@ def _floor_log2(x):
 
 @_device
 def round_bf16(x):
-    """fp32 -> nearest bf16 value (ties to even), as fp32; integer ops, so the interpreter agrees."""
+    """fp32 -> nearest bf16 value (ties to even), as fp32; integer ops, so the interpreter agrees.
+    NaN stays NaN: the rounding add would carry NVIDIA's canonical NaN 0x7FFFFFFF into the sign bit
+    (-0.0, found on the H200 by the E8M0 0xFF special case; numpy's 0x7FC00000 does not carry)."""
     b = x.to(tl.uint32, bitcast=True)
     b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
-    return b.to(tl.float32, bitcast=True)
+    return tl.where(x != x, 0x7FC00000, b).to(tl.float32, bitcast=True)
 
 
 @_device
