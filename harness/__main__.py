@@ -99,23 +99,30 @@ def _catalog(args) -> int:
     import torch
 
     from harness.catalog import CATALOG_PLATFORMS, CONTROL, MUTANTS, hunt, make_mutant
+    from reference.structure import STRUCTURES
 
     torch.set_num_threads(1)
-    missed = []
+    missed, failed_controls = [], []
     print(f"platforms: {', '.join(CATALOG_PLATFORMS)}; checks: quantizer entry points, then conformance cases")
-    for m in MUTANTS:
-        catch, seconds, n = hunt(make_mutant(m.name))
-        if catch is None:
-            missed.append(m.name)
-        verdict = f"CAUGHT by {catch.check} after {n} checks" if catch else f"SURVIVED {n} checks"
-        print(f"{m.name:<30} {seconds:6.2f}s  {verdict}\n    bug: {m.bug}")
+    for structure in STRUCTURES:
+        print(f"\n== every mutant declaring and computing the structure {structure}")
+        for m in MUTANTS:
+            catch, seconds, n = hunt(make_mutant(m.name, structure))
+            if catch is None:
+                missed.append(f"{m.name}@{structure}")
+            verdict = f"CAUGHT by {catch.check} after {n} checks" if catch else f"SURVIVED {n} checks"
+            print(f"{m.name:<32} {seconds:6.2f}s  {verdict}\n    bug: {m.bug}")
+            if catch:
+                print(f"    {catch.message.splitlines()[0][:160]}")
+        catch, seconds, n = hunt(make_mutant(CONTROL.name, structure))
         if catch:
-            print(f"    {catch.message[:160]}")
-    catch, seconds, n = hunt(make_mutant(CONTROL.name))
-    print(f"control (no bug): {'FAILED ' + catch.check + ': ' + catch.message if catch else 'passed'} "
-          f"({n} checks, {seconds:.1f}s)")
-    print(f"\n{len(MUTANTS) - len(missed)} of {len(MUTANTS)} mutants caught")
-    return 1 if missed or catch else 0
+            failed_controls.append(structure)
+        print(f"control (no bug): {'FAILED ' + catch.check + ': ' + catch.message if catch else 'passed'} "
+              f"({n} checks, {seconds:.1f}s)")
+    total = len(MUTANTS) * len(STRUCTURES)
+    print(f"\n{total - len(missed)} of {total} (mutant, structure) pairs caught; "
+          f"controls failed under: {failed_controls or 'none'}")
+    return 1 if missed or failed_controls else 0
 
 
 def _matrix(_args) -> int:

@@ -1,24 +1,32 @@
 """Typed tolerances and comparisons: Exact for quantizers, a derived per-element ErrorBound for MoE
 outputs. No atol/rtol literal is guessed anywhere; every term below is a rounding-error fact.
 
-The MoE bound (moe_error_bound) follows the reference trace stage by stage, for a kernel that gets the
-same inputs and quantizes activations bit-exactly but may accumulate in any order in fp32, may feed its
-GEMMs bf16 operands where the dequantized values are not exactly bf16 (derived from the data), and
-rounds to bf16 at the scheme's rounding points:
+The MoE bound (moe_error_bound) follows the reference trace stage by stage, for a kernel with the trace's
+declared numerical structure (reference.structure) that gets the same inputs and quantizes activations
+bit-exactly but may accumulate in any order in fp32, may feed its GEMMs bf16 operands where the
+dequantized values are not exactly bf16 (derived from the data), and rounds where its structure says:
   GEMM      |h' - h| <= (2u_op + u_op^2 + gamma_{K+4} + e_acc) sum|w||a| + sum|w| d_a   (Higham 3.5)
             e_acc: 0 for fp32 accumulation; a backend whose hardware accumulator is narrower than fp32
             declares its relative error on sum|w||a| (Hopper's FP8 tensor cores: see torch_fp8)
-  rounding  |rnd(h') - rnd(h)| <= (1 + u) |h' - h| + 2u|h|(1 + u)                      u = 2^-8 for bf16
+            a router weight in the GEMM's epilogue scales this by |w| and adds one fp32 rounding
+  rounding  the kernel's value lies in [rnd(pre - d), rnd(pre + d)] (rounding is monotone), so the
+            deviation after a rounding point is that interval's reach from rnd(pre): zero wherever no
+            rounding midpoint lies within d (bf16, fp16 or fp32, as the structure declares)
   activation phi(g) psi(u): |d phi| <= L d_g (L = sup|phi'|, derived numerically; RELU2: (2|g| + d_g) d_g),
             |d psi| <= d_u (clamps, tanh-scaling and +1 are 1-Lipschitz),
             |dy| <= |d phi| |psi| + |phi| |d psi| + |d phi| |d psi| + 2 * 64 u_fp32 (|phi| + |g|) |psi|
             (the last term: fp32 evaluation of exp/tanh/erf on both sides, 64 ulps of the formula's
-            largest magnitude; above any libm or fast-math intrinsic's few-ulp error)
+            largest magnitude; above any libm or fast-math intrinsic's few-ulp error); with GATE_ROUNDED
+            phi passes its own rounding point first
   re-quantization of a2: codes must match except where the kernel's input could lie across a rounding
             midpoint or a block-scale threshold; there the deviation is the widest quantized value over
             every input in [y - d_y, y + d_y] and every block scale those inputs can pick (computed with
             the reference quantizers at fixed scales), else 0
-  top-k sum |o' - o| <= sum_k |w_k| d_z,k + gamma_k sum_k |w_k z_k|
+  top-k sum fp32: |o' - o| <= sum_k |w_k| d_z,k + gamma_k sum_k |w_k z_k|; SEQUENTIAL: each add is one more
+            rounding point of the intermediate dtype, in top-k order
+Comparisons hold NaN and Inf outputs to the reference's places and signs, and a zero whose bound is 0 to
+its sign; a failure names the worst element relative to its bound, the bound-0 elements that differ, the
+structure assumed and, given the float64 value with no rounding points, which side is closer to it.
 """
 
 from __future__ import annotations
@@ -95,7 +103,7 @@ class Worst:
     expected: float
     got: float
     bound: float
-    ulps: float  # |got - expected| in units of the expected value's bf16 ulp
+    ulps: float  # |got - expected| in bf16 ulps of the larger of |expected| and |got| (never of a zero)
     exact: float | None = None  # the float64 value with no rounding points (the same structure), if computed
 
     def describe(self) -> str:
@@ -124,7 +132,7 @@ class Comparison:
     expected: float | None = None
     got: float | None = None
     bound: float | None = None
-    ulps: float | None = None  # |got - expected| in bf16 ulps of expected, at the worst index
+    ulps: float | None = None  # |got - expected| in bf16 ulps (of the larger magnitude), at the worst index
     max_ratio: float = 0.0  # max |got - expected| / bound (<= 1 passes)
     worst_ulps: float = 0.0  # max |got - expected| in bf16 ulps of expected, outputs >= 2^-8 of the largest
     # counts of |got - expected| / bound per element: [exact, < 2^RATIO_LOG2_MIN, one per binade
@@ -249,12 +257,14 @@ def compare(expected: torch.Tensor, got: torch.Tensor, tolerance: Exact | ErrorB
         idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), expected.shape))
         e_v, g_v = float(expected[idx]), float(got[idx])
         d = abs(g_v - e_v)
-        ulps = d / float(bf16_ulp(expected[idx])) if math.isfinite(e_v) and math.isfinite(d) else float("inf")
+        unit = float(bf16_ulp(torch.tensor(max(abs(e_v), abs(g_v))))) if math.isfinite(d) else 1.0
+        ulps = d / unit if math.isfinite(e_v) and math.isfinite(d) else float("inf")
         return Worst(idx, e_v, g_v, float(bound[idx]), ulps, None if exact is None else float(exact[idx]))
 
     bounded_bad = bad & ~required
     worst = describe(int(torch.argmax(torch.where(bounded_bad, ratio, -1.0)))) if bool(bounded_bad.any()) else None
-    ulp_dist = torch.where(finite, diff / bf16_ulp(expected.double()), torch.inf)
+    larger = torch.maximum(expected.double().abs(), torch.nan_to_num(got.double().abs(), nan=0.0, posinf=0.0))
+    ulp_dist = torch.where(finite, diff / bf16_ulp(larger), torch.inf)
     exact_bad = bad & required
     worst_exact = (describe(int(torch.argmax(torch.where(exact_bad, ulp_dist, -1.0))))
                    if bool(exact_bad.any()) else None)
