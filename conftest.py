@@ -68,6 +68,8 @@ def pytest_addoption(parser):
     group = parser.getgroup("moe-conformance")
     group.addoption("--backend", action="append", default=[], metavar="NAME|module:factory",
                     help="run the conformance suites on these backends only (repeatable)")
+    group.addoption("--case-timeout", type=float, default=None, metavar="SECONDS",
+                    help="time limit of each backend call (default 300 s on CPU, 900 s on a GPU; 0: none)")
     group.addoption("--repro", default=None, metavar="DIR",
                     help="for each failing conformance case write DIR/<case>/case.pt and repro.py, shrunk to the "
                          "fewest tokens and experts that still fail")
@@ -76,9 +78,14 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     from harness.backends import load_backend, registered_backends
 
+    if config.getoption("--case-timeout") is not None:  # the environment carries it to xdist workers
+        os.environ["MOE_CONFORMANCE_CASE_TIMEOUT"] = str(config.getoption("--case-timeout"))
     specs = config.getoption("--backend")
     if specs:
-        loaded = [(spec, load_backend(spec)) for spec in specs]
+        try:
+            loaded = [(spec, load_backend(spec)) for spec in specs]
+        except (ValueError, TypeError) as exc:  # one line naming the --backend value, not an INTERNALERROR
+            raise pytest.UsageError(str(exc)) from None
         config.moe_backends = {b.name: b for _, b in loaded}
         config.moe_backend_specs = {b.name: spec for spec, b in loaded}
     else:

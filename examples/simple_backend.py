@@ -49,3 +49,7 @@ class SimpleBackend:
 
 def make_backend():
     return SimpleBackend()
+
+
+def make_class():
+    return SimpleBackend  # a factory that forgot to call it (suites/test_hostile_backends.py)

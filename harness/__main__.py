@@ -81,7 +81,10 @@ def _oracle(args) -> int:
     from harness.platforms import platform_by_name
 
     platforms = all_platforms() if args.all else [platform_by_name(args.platform)]
-    table = format_oracle_table(platforms, registered_backends(args.backend))
+    table = format_oracle_table(platforms, registered_backends(args.backend), args.scheme, args.activation)
+    if args.write and (args.scheme or args.activation):
+        print("--write rewrites the whole table: drop --scheme/--activation", file=sys.stderr)
+        return 2
     if args.write:
         ORACLE_TABLE_PATH.write_text(table)
         print(f"wrote {ORACLE_TABLE_PATH}")
@@ -125,6 +128,35 @@ def _catalog(args) -> int:
     return 1 if missed or failed_controls else 0
 
 
+def _backends(args) -> int:
+    """Every registered backend (built-in, entry point, --backend), what it declares, and per platform
+    whether it can run here and how many scheme x activation problems it supports."""
+    from harness.backends import (backend_accumulation_error, backend_available, backend_operand_dtype,
+                                  backend_structure, checked_supports, registered_backends)
+    from harness.backends import Problem
+    from harness.platforms import PLATFORMS
+    from reference.activations import ACTIVATIONS
+    from reference.schemes import SCHEMES
+
+    problems = [Problem(s, a) for s in SCHEMES.values() for a in ACTIVATIONS.values()]
+    for name, backend in sorted(registered_backends(args.backend).items()):
+        model = "  (capability model: does not run)" if getattr(backend, "capability_model", False) else ""
+        print(f"{name}{model}")
+        print(f"    structure {backend_structure(backend).label}")
+        print(f"    operands {str(backend_operand_dtype(backend)).removeprefix('torch.')}, accumulation error "
+              f"{backend_accumulation_error(backend):g}")
+        for p in PLATFORMS.values():
+            try:
+                n = sum(checked_supports(backend, prob, p)[0] for prob in problems)
+                ok, why = backend_available(backend, p)
+            except Exception as exc:  # noqa: BLE001 - a broken backend is reported, the listing goes on
+                print(f"    {p.name:<7} broken: {type(exc).__name__}: {exc}")
+                continue
+            runs = "runs here" if ok else f"not here: {why}"
+            print(f"    {p.name:<7} supports {n:>3} of {len(problems)} scheme x activation; {runs}")
+    return 0
+
+
 def _matrix(_args) -> int:
     from harness.matrix import nightly_matrix_json
 
@@ -138,27 +170,49 @@ COMMANDS = {
     "oracle": (_oracle, "scheme x activation -> chosen backend (or why none) on a platform"),
     "schemes": (_schemes, "every quantization scheme with its weight and activation formats"),
     "catalog": (_catalog, "run the conformance suite on every seeded-bug mutant; which test caught each"),
+    "backends": (_backends, "every registered backend: its structure, what it supports per platform, whether it runs here"),
     "matrix": (_matrix, "the nightly GPU CI matrix (JSON for GitHub Actions' strategy.matrix), from the platform data"),
     "bench-reference": (_bench_reference, "CPU throughput of the reference quantizers"),
 }
 
 
+def _positive_int(multiple: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an int, got {text!r}") from None
+        if value <= 0 or value % multiple:
+            want = "a positive int" if multiple == 1 else f"a positive multiple of {multiple}"
+            raise argparse.ArgumentTypeError(f"expected {want}, got {value}")
+        return value
+
+    return parse
+
+
 def main(argv: list[str] | None = None) -> int:
+    from harness.platforms import PLATFORMS
+    from reference.activations import ACTIVATIONS
+    from reference.schemes import SCHEMES
+
     parser = argparse.ArgumentParser(prog="python -m harness", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (_, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text)
+        if name in ("oracle", "backends"):
+            p.add_argument("--backend", action="append", default=[], help="extra backend module:factory")
         if name == "oracle":
-            p.add_argument("--platform", default="cpu")
+            p.add_argument("--platform", default="cpu", choices=list(PLATFORMS))
             p.add_argument("--all", action="store_true", help="every platform")
             p.add_argument("--write", action="store_true", help="rewrite the checked-in table")
-            p.add_argument("--backend", action="append", default=[], help="extra backend module:factory")
+            p.add_argument("--scheme", action="append", choices=list(SCHEMES), help="only these schemes")
+            p.add_argument("--activation", action="append", choices=list(ACTIVATIONS), help="only these activations")
         if name == "platforms":
             p.add_argument("--host", action="store_true", help="print only this machine's platform name")
         if name == "bench-reference":
-            p.add_argument("--rows", type=int, default=4096)
-            p.add_argument("--cols", type=int, default=4096)
-            p.add_argument("--repeat", type=int, default=7)
+            p.add_argument("--rows", type=_positive_int(1), default=4096)
+            p.add_argument("--cols", type=_positive_int(32), default=4096, help="a multiple of 32 (the MX block)")
+            p.add_argument("--repeat", type=_positive_int(1), default=7)
     args = parser.parse_args(argv)
     return COMMANDS[args.command][0](args)
 

@@ -20,14 +20,16 @@ from reference.nvfp4 import quantize_nvfp4
 from reference.schemes import SCHEMES, Scheme
 from reference.structure import NumericalStructure
 
-from .backends import (Problem, backend_accumulation_error, backend_available, backend_operand_dtype,
-                       backend_prepare, backend_structure)
+from .backends import (Declined, Problem, backend_accumulation_error, backend_available, backend_operand_dtype,
+                       backend_prepare, backend_structure, checked_supports)
+from .guard import check_unmodified, checkpoint_pairs, guarded_call, private_checkpoint, private_copy
 from .platforms import Platform
 from .tolerances import Comparison, Exact, compare, moe_error_bound
 
 __all__ = ["Shape", "SHAPES", "ConformanceCase", "skip_reason", "run_case", "reference_run", "conformance_cases",
            "QUANTIZER_CASES", "quantizer_cases", "quantizer_property", "reference_quantize", "case_problem",
-           "backend_shape", "checked_supports", "default_shape", "compare_backend", "case_inputs"]
+           "backend_shape", "checked_supports", "default_shape", "compare_backend", "case_inputs", "run_drawn_case",
+           "ROUTINGS"]
 
 
 @dataclass(frozen=True)
@@ -81,15 +83,6 @@ def case_problem(backend, scheme: Scheme, activation: Activation, platform: Plat
     plain = dataclasses.replace(biased, has_bias=False)
     ok_plain, reason_plain = checked_supports(backend, plain, platform)
     return (plain, True, reason_plain) if ok_plain else (plain, False, reason)
-
-
-def checked_supports(backend, problem: Problem, platform: Platform) -> tuple[bool, str]:
-    """backend.supports(), with its answer checked: (bool, str), nothing else."""
-    answer = backend.supports(problem, platform)
-    if not (isinstance(answer, tuple) and len(answer) == 2 and isinstance(answer[0], bool)
-            and isinstance(answer[1], str)):
-        raise TypeError(f"backend {backend.name!r}: supports() must return (bool, str), got {answer!r}")
-    return answer
 
 
 def skip_reason(backend, case: ConformanceCase, host_platform: Platform, shape: Shape | None = None) -> str | None:
@@ -155,17 +148,63 @@ def compare_backend(backend, ckpt: MoECheckpoint, inputs, out: torch.Tensor, tra
         raise ValueError(f"{what}: the reference was computed with structure {trace.structure.name!r}, but "
                          f"{backend.name} declares {structure.name!r}")
     device = getattr(backend, "device", "cpu")
-    x, w, ids = (t.to(device) for t in inputs)
-    prepared = backend_prepare(backend, ckpt)
-    got = backend.forward(prepared, x, w, ids)
-    if not isinstance(got, torch.Tensor) or got.dtype != torch.bfloat16:
-        raise TypeError(f"{what}: forward must return a bfloat16 tensor, got {getattr(got, 'dtype', type(got))}")
+    # private copies: inputs and checkpoints are cached and shared, and a backend may write into its own
+    given = private_checkpoint(ckpt)
+    prepared = guarded_call(backend, what, "prepare()", backend_prepare, backend, given)
+    check_unmodified(what, "prepare()", checkpoint_pairs(ckpt, given))
+    originals = [t.to(device) for t in inputs]
+    x, w, ids = (private_copy(t) for t in originals)
+    got = guarded_call(backend, what, "forward()", backend.forward, prepared, x, w, ids)
+    check_unmodified(what, "forward()", [("hidden_states", originals[0], x), ("topk_weights", originals[1], w),
+                                         ("topk_ids", originals[2], ids), *checkpoint_pairs(ckpt, given)])
+    check_output(what, got, tuple(inputs[0].shape))
     bound = moe_error_bound(trace, ckpt, backend_operand_dtype(backend), backend_accumulation_error(backend))
     result = compare(out, got.cpu(), bound, f"{what}: output", structure=structure)
     if not result.ok and result.worst_index is not None:  # say who is closer to the exact value
         exact = fused_moe(*inputs[:1], ckpt, *inputs[1:], structure=structure, exact=True)
         result = compare(out, got.cpu(), bound, f"{what}: output", structure=structure, exact=exact)
     return result
+
+
+ROUTINGS = ("random", "all_to_one", "skip_experts")
+
+
+def run_drawn_case(backend, scheme: str, act: str, platform: Platform, shape: Shape, seed: int, tokens: int,
+                   top_k: int, routing: str) -> Comparison | str:
+    """One case of the Hypothesis run: `tokens` tokens, top_k capped by the experts and the backend's
+    structure, routing "random", "all_to_one" (experts 0..k-1) or "skip_experts" (only the last k get
+    tokens). The comparison, or the reason it did not run (unsupported shape, declined checkpoint)."""
+    base = backend_shape(backend, shape)
+    cap = backend_structure(backend).max_top_k or base.num_experts
+    shape = dataclasses.replace(base, top_k=min(top_k, cap, base.num_experts))
+    problem, ok, reason = case_problem(backend, SCHEMES[scheme], ACTIVATIONS[act], platform, shape, tokens)
+    if not ok:
+        return f"{backend.name} does not support {scheme}/{act} at top_k={shape.top_k}: {reason}"
+    k = shape.top_k
+    ckpt = _checkpoint(scheme, act, platform.fp8_format.name, base, seed % 4, problem.has_bias)
+    x, w, ids = case_inputs(shape, seed, tokens)
+    if routing == "all_to_one":
+        ids = torch.arange(k).repeat(tokens, 1)
+    elif routing == "skip_experts":
+        ids = torch.arange(shape.num_experts - k, shape.num_experts).repeat(tokens, 1)
+    elif routing != "random":
+        raise ValueError(f"routing must be one of {ROUTINGS}, got {routing!r}")
+    out, trace = fused_moe(x, ckpt, w, ids, structure=backend_structure(backend), trace=True)
+    what = f"{scheme}/{act}/{backend.name}/{platform.name} (tokens={tokens}, top_k={k}, {routing})"
+    try:
+        return compare_backend(backend, ckpt, (x, w, ids), out, trace, what)
+    except Declined as declined:
+        return str(declined)
+
+
+def check_output(what: str, got, shape: tuple[int, ...]) -> None:
+    """forward()'s result must be a bf16 tensor of hidden_states' shape: say so, never compare garbage."""
+    if not isinstance(got, torch.Tensor):
+        raise TypeError(f"{what}: forward() must return a torch.Tensor, got {type(got).__name__}")
+    if got.dtype != torch.bfloat16:
+        raise TypeError(f"{what}: forward() must return bfloat16, got {got.dtype}")
+    if tuple(got.shape) != shape:
+        raise ValueError(f"{what}: forward() must return hidden_states' shape {shape}, got {tuple(got.shape)}")
 
 
 def run_case(backend, case: ConformanceCase, shape: Shape, seed: int = 0) -> Comparison:
@@ -250,4 +289,8 @@ def conformance_cases(backends: dict, platforms=None):
             for scheme in SCHEMES.values():
                 for act in ACTIVATIONS.values():
                     case = ConformanceCase(bname, platform, scheme, act)
-                    yield case, skip_reason(backends[bname], case, host)
+                    try:
+                        reason = skip_reason(backends[bname], case, host)
+                    except Exception:  # noqa: BLE001 - a broken supports()/available() fails this backend's
+                        reason = None  # cases alone, with its message, when they run; never the collection
+                    yield case, reason

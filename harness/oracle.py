@@ -14,7 +14,7 @@ from pathlib import Path
 from reference.activations import ACTIVATIONS
 from reference.schemes import SCHEMES
 
-from .backends import Problem, backend_available
+from .backends import Problem, backend_available, checked_supports
 from .platforms import PLATFORMS, Platform
 
 __all__ = ["NoBackendError", "Decision", "choose_backend", "oracle_rows", "format_oracle_table", "ORACLE_TABLE_PATH"]
@@ -36,7 +36,10 @@ class Decision:
 
 
 def _verdict(backend, problem: Problem, platform: Platform, require_available: bool) -> tuple[bool, str]:
-    ok, reason = backend.supports(problem, platform)
+    try:
+        ok, reason = checked_supports(backend, problem, platform)
+    except Exception as exc:  # noqa: BLE001 - a broken backend is skipped with its error, never crashes dispatch
+        return False, f"supports() failed: {type(exc).__name__}: {exc}"
     if ok and require_available:
         ok, reason = backend_available(backend, platform)
     return ok, reason
@@ -74,10 +77,15 @@ def choose_backend(
     raise NoBackendError(f"no backend for {problem.label} on {platform.name}: {detail}")
 
 
-def oracle_rows(platform: Platform, backends: dict[str, object]):
-    """(scheme, activation, backend or None, why) for every scheme x activation on a platform."""
+def oracle_rows(platform: Platform, backends: dict[str, object], schemes=None, activations=None):
+    """(scheme, activation, backend or None, why) for every scheme x activation on a platform (or only
+    the named schemes / activations)."""
     for scheme in SCHEMES.values():
+        if schemes and scheme.name not in schemes:
+            continue
         for act in ACTIVATIONS.values():
+            if activations and act.name not in activations:
+                continue
             problem = Problem(scheme, act)
             try:
                 d = choose_backend(problem, platform, backends)
@@ -87,12 +95,16 @@ def oracle_rows(platform: Platform, backends: dict[str, object]):
                 yield scheme.name, act.name, None, str(exc)
 
 
-def format_oracle_table(platforms: list[Platform], backends: dict[str, object]) -> str:
+def format_oracle_table(platforms: list[Platform], backends: dict[str, object], schemes=None,
+                        activations=None) -> str:
+    """The dispatch table; a chosen backend that is only a capability model (it answers supports() for
+    dispatch but has no adapter that runs) is marked as such."""
     lines = ["# platform scheme activation -> backend  [skipped candidates: reason]"]
     for p in platforms:
-        for scheme, act, chosen, why in oracle_rows(p, backends):
+        for scheme, act, chosen, why in oracle_rows(p, backends, schemes, activations):
             tail = f"  [{why}]" if why else ""
-            lines.append(f"{p.name:<7} {scheme:<26} {act:<17} -> {chosen or 'NONE'}{tail}")
+            model = " (capability model: does not run)" if getattr(backends.get(chosen), "capability_model", False) else ""
+            lines.append(f"{p.name:<7} {scheme:<26} {act:<17} -> {chosen or 'NONE'}{model}{tail}")
     return "\n".join(lines) + "\n"
 
 

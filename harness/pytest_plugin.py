@@ -150,5 +150,7 @@ class _Collector:
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config):
     out = config.getoption("--report", None)
+    if out and Path(out).exists() and not Path(out).is_dir():  # say so now, not after the whole run
+        raise pytest.UsageError(f"--report {out}: is an existing file; --report wants a directory to write into")
     if out and not hasattr(config, "workerinput"):  # the controller (or a run without xdist) writes it
         config.pluginmanager.register(_Collector(Path(out)), "moe-conformance-report")

@@ -143,6 +143,7 @@ class Comparison:
     worst: Worst | None = None  # the failing element with a nonzero bound and the largest |diff| / bound
     worst_exact: Worst | None = None  # the bound-0 element that differs most, in ulps
     structure: str | None = None  # the numerical structure the reference and bound assumed (label)
+    n_nonfinite: int = 0  # NaN or Inf where the reference is finite
 
     def message(self) -> str:
         if self.ok:
@@ -152,6 +153,8 @@ class Comparison:
         parts = [f"{self.what}: {self.n_bad} of {self.n_total} elements out of bound"]
         if self.worst is not None:
             parts.append(f"worst {self.worst.ulps:.1f} ulp = {self.max_ratio_bounded:.3g}x its bound")
+        if self.n_nonfinite:
+            parts.append(f"{self.n_nonfinite} NaN/Inf where the reference is finite")
         if self.n_exact_differ:
             parts.append(f"{self.n_exact_differ} of the {self.n_exact_required} elements that must match exactly "
                          f"differ (worst {self.worst_exact.ulps:.1f} ulp)")
@@ -249,7 +252,8 @@ def compare(expected: torch.Tensor, got: torch.Tensor, tolerance: Exact | ErrorB
         worst_ulps = float("inf")
     required = bound == 0
     extra = dict(max_ratio=max_ratio, worst_ulps=worst_ulps, ratio_histogram=ratio_histogram(ratio),
-                 n_exact_required=int(required.sum()), n_exact_differ=int((required & bad).sum()), structure=label)
+                 n_exact_required=int(required.sum()), n_exact_differ=int((required & bad).sum()), structure=label,
+                 n_nonfinite=int((finite & ~torch.isfinite(got.double())).sum()))
     if n_bad == 0:
         return Comparison(True, what, 0, expected.numel(), **extra)
 

@@ -30,6 +30,7 @@ from .schemes import Scheme, WeightQuant, scheme_by_name
 
 __all__ = [
     "QuantizedWeight", "MoECheckpoint", "make_checkpoint", "dequantize_weight", "nvfp4_decode_scale", "NVFP4_CONVENTIONS",
+    "check_checkpoint",
 ]
 
 NVFP4_CONVENTIONS = ("decode", "encode")
@@ -64,6 +65,73 @@ class MoECheckpoint:
 
     def with_weight(self, name: str, weight: QuantizedWeight) -> "MoECheckpoint":
         return replace(self, **{name: weight})
+
+
+def _weight_layout(wq: WeightQuant | None, e: int, n: int, k: int, fp8_format: FloatFormat):
+    """(data shape, data dtype, scale shape or None, scale dtype, global scale shape or None, what) of one
+    weight [E, N, K] in checkpoint layout."""
+    if wq is None:
+        return (e, n, k), torch.bfloat16, None, None, None, "bf16 values"
+    if wq.kind == "mx":
+        packed = wq.elem.nbits == 4
+        return ((e, n, k // 2) if packed else (e, n, k)), torch.uint8, (e, n, k // 32), torch.uint8, None, (
+            f"{wq.elem.name} codes{' packed two per byte along K' if packed else ''}, E8M0 scales per 32")
+    if wq.kind == "nvfp4":
+        return (e, n, k // 2), torch.uint8, (e, n, k // 16), torch.uint8, (e,), "E2M1 codes packed along K, E4M3 scales per 16"
+    if wq.block_shape:
+        bm, bk = wq.block_shape
+        return (e, n, k), torch.uint8, (e, n // bm, k // bk), torch.float32, None, f"{fp8_format.name} codes, fp32 block scales"
+    return (e, n, k), torch.uint8, (e, 1, 1), torch.float32, None, f"{fp8_format.name} codes, one fp32 scale per expert"
+
+
+def _check_tensor(t, name: str, shape, dtype, what: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor ({what}), got {type(t).__name__}")
+    if t.is_meta:
+        raise ValueError(f"{name} is on the meta device (a shape without data)")
+    if tuple(t.shape) != tuple(shape) or t.dtype != dtype:
+        raise ValueError(f"{name} must be {list(shape)} {str(dtype).removeprefix('torch.')} ({what}), got "
+                         f"{list(t.shape)} {str(t.dtype).removeprefix('torch.')}")
+
+
+def check_checkpoint(ckpt: "MoECheckpoint") -> None:
+    """Every field of a checkpoint against its scheme, activation and sizes, each error naming the field
+    (w13 or w2, data or scale) and the layout expected."""
+    if not isinstance(ckpt, MoECheckpoint):
+        raise TypeError(f"ckpt must be a reference.checkpoints.MoECheckpoint, got {type(ckpt).__name__}")
+    for name in ("hidden_size", "intermediate_size"):
+        v = getattr(ckpt, name)
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise ValueError(f"ckpt.{name} must be a positive int, got {v!r}")
+    for name in ("w13", "w2"):
+        if not isinstance(getattr(ckpt, name), QuantizedWeight):
+            raise TypeError(f"ckpt.{name} must be a QuantizedWeight, got {type(getattr(ckpt, name)).__name__}")
+    if not isinstance(ckpt.w13.data, torch.Tensor) or ckpt.w13.data.dim() != 3:
+        raise ValueError(f"ckpt.w13.data must be a 3-d tensor [E, N13, H], got {getattr(ckpt.w13.data, 'shape', None)}")
+    e, h, i = ckpt.w13.data.shape[0], ckpt.hidden_size, ckpt.intermediate_size
+    n13 = 2 * i if ckpt.activation.gated else i
+    wq = ckpt.scheme.weight
+    for name, n, k, dims in (("w13", n13, h, "[E, N13, H]"), ("w2", h, i, "[E, H, I]")):
+        w = getattr(ckpt, name)
+        data_shape, data_dtype, scale_shape, scale_dtype, global_shape, what = _weight_layout(wq, e, n, k, ckpt.fp8_format)
+        _check_tensor(w.data, f"ckpt.{name}.data", data_shape, data_dtype,
+                      f"{dims} = {[e, n, k]} for {ckpt.scheme.name}/{ckpt.activation.name}: {what}")
+        if scale_shape is None:
+            if w.scale is not None:
+                raise ValueError(f"ckpt.{name}.scale must be None for {ckpt.scheme.name} (bf16 weights)")
+        else:
+            _check_tensor(w.scale, f"ckpt.{name}.scale", scale_shape, scale_dtype, f"{ckpt.scheme.name} {what}")
+        if global_shape is not None:
+            _check_tensor(w.global_scale, f"ckpt.{name}.global_scale", global_shape, torch.float32,
+                          f"one NVFP4 global scale per expert ({ckpt.nvfp4_global_convention} direction)")
+    for name, n in (("b13", n13), ("b2", h)):
+        b = getattr(ckpt, name)
+        if b is not None:
+            _check_tensor(b, f"ckpt.{name}", (e, n), torch.float32, "fp32 per-expert bias")
+    if ckpt.scheme.needs_input_scales:
+        for name in ("w13_input_scale", "w2_input_scale"):
+            if getattr(ckpt, name) is not None:
+                _check_tensor(getattr(ckpt, name), f"ckpt.{name}", (e,), torch.float32, "static scale per expert")
 
 
 def nvfp4_decode_scale(global_scale: torch.Tensor, convention: str) -> torch.Tensor:
@@ -142,6 +210,9 @@ def make_checkpoint(
         raise ValueError(f"nvfp4_global_convention must be one of {NVFP4_CONVENTIONS}, got {nvfp4_global_convention!r}")
     if fp8_format not in (E4M3FN, E4M3FNUZ):
         raise ValueError(f"fp8_format must be E4M3FN or E4M3FNUZ, got {fp8_format!r}")
+    for name, n in (("hidden_size", hidden_size), ("intermediate_size", intermediate_size)):
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise TypeError(f"{name} must be an int, got {n!r} ({type(n).__name__})")
     for name, n, mult in (
         ("hidden_size", hidden_size, scheme.k_multiple()),
         ("intermediate_size", intermediate_size, max(scheme.k_multiple(), scheme.n_multiple())),
@@ -150,8 +221,8 @@ def make_checkpoint(
             raise ValueError(f"{name}={n} must be a positive multiple of {mult} for scheme {scheme.name}")
     if hidden_size % scheme.n_multiple():
         raise ValueError(f"hidden_size={hidden_size} must be a multiple of {scheme.n_multiple()} for {scheme.name}")
-    if num_experts <= 0:
-        raise ValueError(f"num_experts must be positive, got {num_experts}")
+    if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts <= 0:
+        raise ValueError(f"num_experts must be a positive int, got {num_experts!r}")
     g = torch.Generator().manual_seed(seed)
     n13 = 2 * intermediate_size if activation.gated else intermediate_size
     w13 = _dummy_weight(g, num_experts, n13, hidden_size, outlier_channels, outlier_scale)

@@ -214,11 +214,27 @@ def check_float_input(x: torch.Tensor, arg: str = "x") -> None:
         raise TypeError(f"{arg} must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in _FLOAT_INPUTS:
         raise TypeError(f"{arg} must be float32, bfloat16 or float16, got {x.dtype}")
+    check_has_data(x, arg)
+
+
+def check_has_data(x: torch.Tensor, arg: str) -> None:
+    if x.is_meta:
+        raise ValueError(f"{arg} is on the meta device (a shape without data); give it real values")
+
+
+def check_int(value, arg: str, minimum: int | None = None) -> int:
+    """A Python int (not a bool, not a float that happens to be whole), at least `minimum`."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{arg} must be an int, got {value!r} ({type(value).__name__})")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{arg} must be an int >= {minimum}, got {value}")
+    return value
 
 
 def check_codes(codes: torch.Tensor, fmt: FloatFormat, arg: str = "codes") -> None:
     if not isinstance(codes, torch.Tensor):
         raise TypeError(f"{arg} must be a torch.Tensor, got {type(codes).__name__}")
+    check_has_data(codes, arg)
     if codes.dtype != torch.uint8:
         raise TypeError(f"{arg} must be uint8 {fmt.name} codes (one code per byte), got {codes.dtype}")
     if fmt.nbits < 8 and codes.numel() and int(codes.max()) >= fmt.ncodes:

@@ -27,6 +27,7 @@ from .formats import (
     Overflow,
     check_codes,
     check_float_input,
+    check_int,
     decode,
     encode_finite,
 )
@@ -73,8 +74,10 @@ def fp8_group_shape(shape, granularity: Granularity, block_shape: tuple[int, int
     if granularity is Granularity.PER_TOKEN:
         return (1, k)
     if granularity is Granularity.PER_BLOCK:
-        if block_shape is None or len(block_shape) != 2 or min(block_shape) <= 0:
+        if not isinstance(block_shape, (tuple, list)) or len(block_shape) != 2:
             raise ValueError(f"PER_BLOCK needs block_shape=(bm, bk) of positive ints, got {block_shape!r}")
+        for i, b in enumerate(block_shape):
+            check_int(b, f"block_shape[{i}]", 1)
         bm, bk = block_shape
         if m % bm or k % bk:
             raise ValueError(f"x's last two dims {(m, k)} are not divisible by block_shape {tuple(block_shape)}")
@@ -124,6 +127,9 @@ def fp8_dynamic_scale(
     return torch.clamp_min(amax / fmax, 1.0 / (fmax * _MIN_SCALE_DIVISOR))
 
 
+_MIN_NORMAL_FP32 = 2.0**-126
+
+
 def _check_scale(scale, want: tuple[int, ...]) -> torch.Tensor:
     if not isinstance(scale, torch.Tensor) or scale.dtype != torch.float32:
         raise TypeError(f"scale must be a float32 tensor, got {getattr(scale, 'dtype', type(scale))}")
@@ -164,6 +170,9 @@ def quantize_fp8(
     if scale_apply is ScaleApply.DIVIDE:
         scaled = g / s
     elif scale_apply is ScaleApply.RECIPROCAL_MULTIPLY:
+        if bool((scale < _MIN_NORMAL_FP32).any()):
+            raise ValueError(f"scale must be a normal fp32 (>= 2^-126) with ScaleApply.RECIPROCAL_MULTIPLY: 1/scale "
+                             f"of a smaller one overflows, got min {float(scale.min())!r}")
         scaled = g * (1.0 / s)
     else:
         raise TypeError(f"scale_apply must be a ScaleApply, got {scale_apply!r}")
@@ -181,6 +190,8 @@ def dequantize_fp8(
     """fl(decode(code) * scale); the group shape is read off the scale's shape [..., M/bm, K/bk]."""
     _check_fmt(fmt, None)
     check_codes(codes, fmt)
+    if not isinstance(scale, torch.Tensor):
+        raise TypeError(f"scale must be a float32 tensor of codes' rank, got {type(scale).__name__} {scale!r}")
     if codes.dim() < 2 or scale.dim() != codes.dim():
         raise ValueError(f"scale must have codes' rank {codes.dim()} (>= 2), got shape {tuple(scale.shape)}")
     m, k = codes.shape[-2:]

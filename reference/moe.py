@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from .activations import gate_and_up
-from .checkpoints import MoECheckpoint, dequantize_weight, nvfp4_decode_scale
+from .checkpoints import MoECheckpoint, check_checkpoint, dequantize_weight, nvfp4_decode_scale
 from .fp8 import ScaleApply, qdq_fp8
 from .mx import qdq_mx
 from .nvfp4 import qdq_nvfp4
@@ -106,6 +106,7 @@ def activation_qdq(x: torch.Tensor, aq: ActQuant | None, ckpt: MoECheckpoint, st
 
 def check_moe_inputs(hidden_states, ckpt: MoECheckpoint, topk_weights, topk_ids) -> None:
     """The argument checks every MoE entry point shares (reference and backends)."""
+    check_checkpoint(ckpt)
     if not isinstance(hidden_states, torch.Tensor) or hidden_states.dtype != torch.bfloat16:
         raise TypeError(f"hidden_states must be a bfloat16 tensor, got {getattr(hidden_states, 'dtype', type(hidden_states))}")
     if hidden_states.dim() != 2 or hidden_states.shape[1] != ckpt.hidden_size:
@@ -129,6 +130,13 @@ def check_moe_inputs(hidden_states, ckpt: MoECheckpoint, topk_weights, topk_ids)
         raise ValueError("hidden_states must be finite (NaN/Inf found)")
     if not bool(torch.isfinite(topk_weights).all()):
         raise ValueError("topk_weights must be finite")
+    if topk_ids.numel() and topk_ids.shape[1] > 1:
+        ordered = topk_ids.sort(dim=1).values
+        repeated = (ordered[:, 1:] == ordered[:, :-1]).any(1)
+        if bool(repeated.any()):
+            t_bad = int(repeated.nonzero()[0])
+            raise ValueError(f"topk_ids must name distinct experts within each token's top-k (a router never picks "
+                             f"one expert twice); token {t_bad} has {topk_ids[t_bad].tolist()}")
 
 
 def evaluate_activation(h: torch.Tensor, act, structure: NumericalStructure, exact: bool = False):

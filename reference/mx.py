@@ -34,6 +34,7 @@ from .formats import (
     Overflow,
     check_codes,
     check_float_input,
+    check_int,
     decode,
     encode_finite,
     floor_log2,
@@ -79,8 +80,9 @@ def _check_elem(elem: FloatFormat) -> None:
 
 def _blocked(x: torch.Tensor, axis: int, block_size: int, arg: str = "x") -> torch.Tensor:
     """Move `axis` last and split it into [..., nblocks, block_size]."""
-    if not isinstance(block_size, int) or block_size <= 0:
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
         raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+    check_int(axis, "axis")
     if x.dim() == 0:
         raise ValueError(f"{arg} must have at least one dimension")
     if not -x.dim() <= axis < x.dim():
@@ -223,8 +225,16 @@ def qdq_mx(
     flat = xb.reshape(-1, block_size)
     fixed = None
     if shared_exponent is not None:
+        if not isinstance(shared_exponent, torch.Tensor) or shared_exponent.is_floating_point() or \
+                shared_exponent.is_complex() or shared_exponent.dtype == torch.bool:
+            raise TypeError(f"shared_exponent must be an integer tensor (exponents of 2), got "
+                            f"{getattr(shared_exponent, 'dtype', type(shared_exponent).__name__)}")
         if shared_exponent.dim() != x.dim() or tuple(shared_exponent.movedim(axis, -1).shape) != tuple(xb.shape[:-1]):
             raise ValueError(f"shared_exponent must have the scales' shape, got {tuple(shared_exponent.shape)}")
+        if shared_exponent.numel() and (int(shared_exponent.min()) < _SCALE_EXP_MIN
+                                        or int(shared_exponent.max()) > _SCALE_EXP_MAX):
+            raise ValueError(f"shared_exponent must lie in [{_SCALE_EXP_MIN}, {_SCALE_EXP_MAX}] (E8M0's range), got "
+                             f"values in [{int(shared_exponent.min())}, {int(shared_exponent.max())}]")
         fixed = shared_exponent.movedim(axis, -1).reshape(-1).to(torch.int32).clamp(_SCALE_EXP_MIN, _SCALE_EXP_MAX)
     out = torch.empty(flat.shape, dtype=torch.float32)
     for sl in _chunks(flat.shape[0], block_size):

@@ -78,6 +78,11 @@ def _check_global(t, arg: str) -> torch.Tensor:
         raise TypeError(f"{arg} must be float32, got {t.dtype}")
     if not bool(torch.isfinite(t).all()) or not bool((t > 0).all()):
         raise ValueError(f"{arg} must be positive and finite")
+    # the scale and its reciprocal must both be normal fp32, or one side of the arithmetic saturates
+    # or flushes every value silently
+    if bool(((t < 2.0**-126) | (t > 2.0**126)).any()):
+        raise ValueError(f"{arg} must lie in [2^-126, 2^126] (it and its reciprocal normal fp32), got values in "
+                         f"[{float(t.min())!r}, {float(t.max())!r}]")
     return t
 
 
@@ -163,6 +168,11 @@ def dequantize_nvfp4(
         raise ValueError(f"block_scales must have shape {want} for codes {tuple(codes.shape)}, "
                          f"got {tuple(block_scales.shape)}")
     s_dec = _check_global(global_decode_scale, "global_decode_scale")
+    try:
+        torch.broadcast_shapes(s_dec.shape, want)
+    except RuntimeError:
+        raise ValueError(f"global_decode_scale of shape {tuple(s_dec.shape)} does not broadcast to the block scales' "
+                         f"shape {want} (one per tensor, or one per leading index such as [E, 1, 1])") from None
     cb = codes.reshape(*want, NVFP4_BLOCK_SIZE)
     v = decode(cb, E2M1) * decode(block_scales, E4M3FN)[..., None] * s_dec[..., None]
     return v.reshape(codes.shape).to(dtype)

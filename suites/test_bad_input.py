@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+import subprocess
+import sys
+
 import pytest
 import torch
 
 from reference import formats as F
-from reference.fp8 import Granularity, dequantize_fp8, quantize_fp8
+from reference.checkpoints import make_checkpoint
+from reference.fp8 import Granularity, ScaleApply, dequantize_fp8, quantize_fp8
+from reference.moe import fused_moe
 from reference.mx import dequantize_mx, qdq_mx, quantize_mx
 from reference.nvfp4 import dequantize_nvfp4, nvfp4_global_encode_scale, quantize_nvfp4
 from reference.packing import pack_fp4, unpack_fp4
@@ -15,6 +21,9 @@ X = torch.randn(4, 64)
 MXQ = quantize_mx(X, F.E2M1)
 NVQ = quantize_nvfp4(X)
 FP8Q = quantize_fp8(X, F.E4M3FN, granularity=Granularity.PER_TOKEN)
+CKPT = make_checkpoint("w_mxfp4", "SILU", 4, 128, 128, seed=0, with_bias=True)
+MOE_X = torch.randn(8, 128).to(torch.bfloat16)
+MOE_ROUTE = (torch.full((8, 3), 1 / 3), torch.tensor([[0, 1, 2]] * 8))
 
 BAD_CALLS = {
     "mx_not_divisible": (lambda: quantize_mx(torch.randn(4, 48), F.E2M1), ValueError, r"x.shape\[-1\] = 48 .*block_size 32"),
@@ -56,6 +65,44 @@ BAD_CALLS = {
     "pack_odd_length": (lambda: pack_fp4(torch.zeros(3, dtype=torch.uint8)), ValueError, "must be even"),
     "pack_codes_too_big": (lambda: pack_fp4(torch.full((2,), 16, dtype=torch.uint8)), ValueError, "must be < 0x10"),
     "unpack_wrong_dtype": (lambda: unpack_fp4(torch.zeros(2, dtype=torch.int8)), TypeError, "packed must be a uint8"),
+    # silent wrong answers before (issue 13): now rejected with the range or rule in the message
+    "nvfp4_decode_scale_underflows": (lambda: quantize_nvfp4(X, global_decode_scale=torch.tensor(1e-45)), ValueError,
+                                      r"global_decode_scale must lie in \[2\^-126, 2\^126\]"),
+    "nvfp4_encode_scale_overflows": (lambda: quantize_nvfp4(X, global_encode_scale=torch.tensor(3e38)), ValueError,
+                                     r"global_encode_scale must lie in \[2\^-126, 2\^126\]"),
+    "fp8_subnormal_scale_reciprocal": (lambda: quantize_fp8(X, F.E4M3FN, scale=torch.tensor(1e-40),
+                                                            scale_apply=ScaleApply.RECIPROCAL_MULTIPLY), ValueError,
+                                       r"scale must be a normal fp32 \(>= 2\^-126\) with ScaleApply.RECIPROCAL_MULTIPLY"),
+    "mx_shared_exponent_nan": (lambda: qdq_mx(X, F.E2M1, shared_exponent=torch.full((4, 2), float("nan"))), TypeError,
+                               "shared_exponent must be an integer tensor"),
+    "mx_shared_exponent_fraction": (lambda: qdq_mx(X, F.E2M1, shared_exponent=torch.full((4, 2), 0.5)), TypeError,
+                                    "shared_exponent must be an integer tensor"),
+    "mx_shared_exponent_range": (lambda: qdq_mx(X, F.E2M1, shared_exponent=torch.full((4, 2), 200)), ValueError,
+                                 r"shared_exponent must lie in \[-127, 127\]"),
+    "moe_duplicate_expert": (lambda: fused_moe(MOE_X, CKPT, torch.ones(8, 3), torch.tensor([[0, 1, 1]] * 8)), ValueError,
+                             r"distinct experts within each token's top-k.*token 0 has \[0, 1, 1\]"),
+    # crashes deep inside before: now the argument and what was expected
+    "mx_float_axis": (lambda: quantize_mx(X, F.E2M1, axis=1.0), TypeError, r"axis must be an int, got 1.0 \(float\)"),
+    "fp8_float_block_shape": (lambda: quantize_fp8(X, F.E4M3FN, granularity=Granularity.PER_BLOCK, block_shape=(1.0, 32.0)),
+                              TypeError, r"block_shape\[0\] must be an int, got 1.0"),
+    "checkpoint_float_experts": (lambda: make_checkpoint("w_mxfp4", "SILU", 2.5, 128, 128), ValueError,
+                                 "num_experts must be a positive int, got 2.5"),
+    "checkpoint_float_hidden": (lambda: make_checkpoint("w_mxfp4", "SILU", 2, 128.0, 128), TypeError,
+                                r"hidden_size must be an int, got 128.0"),
+    "mx_bool_block_size": (lambda: qdq_mx(X, F.E2M1, block_size=True), ValueError, "block_size must be a positive int, got True"),
+    "mx_meta_device": (lambda: quantize_mx(torch.empty(4, 64, device="meta"), F.E2M1), ValueError, "x is on the meta device"),
+    "fp8_float_scale": (lambda: dequantize_fp8(FP8Q.codes, 0.5, F.E4M3FN), TypeError, "scale must be a float32 tensor .*got float 0.5"),
+    "nvfp4_global_scale_shape": (lambda: dequantize_nvfp4(NVQ.codes, NVQ.block_scales, torch.ones(3)), ValueError,
+                                 r"global_decode_scale of shape \(3,\) does not broadcast"),
+    "moe_hidden_size_mismatch": (lambda: fused_moe(MOE_X, dataclasses.replace(CKPT, hidden_size=256), *MOE_ROUTE), ValueError,
+                                 r"ckpt.w13.data must be \[4, 256, 128\] uint8 .*got \[4, 256, 64\]"),
+    "moe_w13_w2_swapped": (lambda: fused_moe(MOE_X, dataclasses.replace(CKPT, w13=CKPT.w2, w2=CKPT.w13), *MOE_ROUTE), ValueError,
+                           r"ckpt.w13.data must be \[4, 256, 64\] uint8 \(\[E, N13, H\].*got \[4, 128, 64\]"),
+    "moe_ckpt_none": (lambda: fused_moe(MOE_X, None, *MOE_ROUTE), TypeError, "ckpt must be a reference.checkpoints.MoECheckpoint, got NoneType"),
+    "moe_w2_scale_wrong": (lambda: fused_moe(MOE_X, dataclasses.replace(CKPT, w2=dataclasses.replace(CKPT.w2, scale=CKPT.w2.scale[:, :, :2])),
+                                             *MOE_ROUTE), ValueError, r"ckpt.w2.scale must be \[4, 128, 4\] uint8 .*got \[4, 128, 2\]"),
+    "moe_bias_wrong_shape": (lambda: fused_moe(MOE_X, dataclasses.replace(CKPT, b2=torch.zeros(4, 7)), *MOE_ROUTE), ValueError,
+                             r"ckpt.b2 must be \[4, 128\] float32"),
 }
 
 
@@ -95,3 +142,28 @@ def test_same_input_gives_bit_identical_output_run_to_run():
     x = torch.randn(32, 256)
     a, b = qdq_mx(x, F.E3M2), qdq_mx(x.clone(), F.E3M2)
     assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+
+
+@pytest.mark.parametrize("args, words", [
+    (["oracle", "--platform", "nonexistent"], "argument --platform: invalid choice: 'nonexistent' (choose from 'cpu', 'sm90'"),
+    (["oracle", "--scheme", "w_mxfp5"], "argument --scheme: invalid choice: 'w_mxfp5'"),
+    (["bench-reference", "--repeat", "0"], "argument --repeat: expected a positive int, got 0"),
+    (["bench-reference", "--rows", "-4"], "argument --rows: expected a positive int, got -4"),
+    (["bench-reference", "--cols", "33"], "argument --cols: expected a positive multiple of 32, got 33"),
+    (["bench-reference", "--cols", "many"], "argument --cols: expected an int, got 'many'"),
+])
+def test_the_cli_answers_bad_arguments_like_argparse(args, words):
+    proc = subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert words in proc.stderr, proc.stderr
+
+
+def test_python_m_harness_backends_lists_every_backend_with_what_it_declares():
+    proc = subprocess.run([sys.executable, "-m", "harness", "backends", "--backend", "examples.simple_backend:make_backend"],
+                          capture_output=True, text=True, check=True)
+    out = proc.stdout
+    for name in ("triton_emulation", "torch_emulation", "torch_fp8", "aiter", "simple_example"):
+        assert f"\n{name}" in "\n" + out
+    assert "aiter  (capability model: does not run)" in out
+    assert "structure rounded_terms" in out and "cpu     supports 192 of 192 scheme x activation; runs here" in out
+    assert "torch_fp8" in out and ("not here: needs a GPU" in out or "runs here" in out)

@@ -5,22 +5,18 @@ checkpoint that prepare() declines (NotImplementedError) is a skip with its reas
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
-import torch
 from hypothesis import HealthCheck, assume, example, given, note, settings, target
 from hypothesis import strategies as st
 
-from harness.backends import Declined, backend_available, backend_structure
-from harness.conformance import (_checkpoint, backend_shape, case_inputs, case_problem, compare_backend,
-                                 default_shape, quantizer_cases, quantizer_property, run_case)
+from harness.backends import Declined, backend_available
+from harness.conformance import (ROUTINGS, case_problem, default_shape, quantizer_cases, quantizer_property,
+                                 run_case, run_drawn_case)
 from harness.platforms import PLATFORMS, detect_platform
 from harness.report import CASE_PROPERTY, case_properties
 from harness.repro import write_case_repro
-from reference.activations import ACTIVATIONS, activation_by_name
-from reference.moe import fused_moe
-from reference.schemes import SCHEMES, scheme_by_name
+from reference.activations import ACTIVATIONS
+from reference.schemes import SCHEMES
 
 
 def _shape():
@@ -73,7 +69,7 @@ def runnable(backend_name, backends):
     seed=st.integers(0, 2**16),
     tokens=st.integers(0, 10),
     top_k=st.integers(1, 4),
-    routing=st.sampled_from(["random", "all_to_one", "skip_experts"]),
+    routing=st.sampled_from(ROUTINGS),
 )
 # Pinned corner inputs, run for every backend in every profile; a failure the nightly database finds
 # gets its @example here too (the database alone is not in git).
@@ -84,27 +80,11 @@ def test_conformance_hypothesis(backend_name, backends, runnable, case, seed, to
     """Random problems, token counts (zero included), top-k (1 to 4: the structures differ in how they sum
     three or more terms) and skewed routing for each backend. Under the nightly profile, target() steers
     generation toward the largest error relative to the bound."""
-    backend = backends[backend_name]
     scheme, act, platform = runnable[case % len(runnable)]
-    p = PLATFORMS[platform]
-    base = backend_shape(backend, _shape())
-    shape = dataclasses.replace(base, top_k=min(top_k, base.top_k if backend_structure(backend).max_top_k
-                                                else base.num_experts))
-    problem, ok, reason = case_problem(backend, scheme_by_name(scheme), activation_by_name(act), p, shape, tokens)
-    note(f"case: {scheme}/{act}/{platform}, top_k={shape.top_k}, bias={problem.has_bias}: {reason}")
-    assume(ok)  # the backend declines this shape: never run it there
-    k = shape.top_k
-    ckpt = _checkpoint(scheme, act, p.fp8_format.name, base, seed % 4, problem.has_bias)
-    x, w, ids = case_inputs(shape, seed, tokens)
-    if routing == "all_to_one":
-        ids = torch.arange(k).repeat(tokens, 1)
-    elif routing == "skip_experts":  # only the last top_k experts get tokens
-        ids = torch.arange(shape.num_experts - k, shape.num_experts).repeat(tokens, 1)
-    out, trace = fused_moe(x, ckpt, w, ids, structure=backend_structure(backend), trace=True)
-    try:
-        result = compare_backend(backend, ckpt, (x, w, ids), out, trace, f"{scheme}/{act}/{backend_name}/{platform}")
-    except Declined as declined:
-        note(f"declined: {declined}")
+    result = run_drawn_case(backends[backend_name], scheme, act, PLATFORMS[platform], _shape(), seed, tokens, top_k,
+                            routing)
+    if isinstance(result, str):  # an unsupported shape or a declined checkpoint: never run there
+        note(result)
         assume(False)
         return
     target(min(result.max_ratio, 1e6), label="worst |kernel - reference| / bound")

@@ -11,14 +11,21 @@ import enum
 import pytest
 import torch
 
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from harness.backends import backend_structure, registered_backends
-from harness.conformance import SHAPES, case_inputs
+from harness.catalog import CONTROL, make_mutant
+from harness.conformance import ROUTINGS, SHAPES, case_inputs, run_drawn_case
+from harness.platforms import PLATFORMS
 from harness.emulation import moe_emulation
 from harness.special_values import SPECIAL_CASES
 from harness.tolerances import compare, moe_error_bound
+from reference.activations import ACTIVATIONS
 from reference.checkpoints import make_checkpoint
 from reference.fp8 import ScaleApply
 from reference.moe import fused_moe
+from reference.schemes import SCHEMES
 from reference.structure import (DEFAULT_STRUCTURE, STRUCTURES, NumericalStructure, Precision, RouterWeight,
                                  TopKSum, structure_by_name)
 
@@ -55,6 +62,27 @@ def test_an_independent_emulation_of_each_structure_passes(name):
                 c = compare(out, got, moe_error_bound(trace, ckpt, operand_dtype), f"{scheme}/{act}/{name}",
                             structure=structure)
                 assert c.ok, c.message()
+
+
+@settings(max_examples=40, suppress_health_check=[HealthCheck.filter_too_much])
+@given(
+    name=st.sampled_from(list(STRUCTURES)),
+    scheme=st.sampled_from(sorted(SCHEMES)),
+    act=st.sampled_from(sorted(ACTIVATIONS)),
+    platform=st.sampled_from(["cpu", "gfx942"]),
+    seed=st.integers(0, 2**16),
+    tokens=st.integers(0, 10),
+    top_k=st.integers(1, 4),
+    routing=st.sampled_from(ROUTINGS),
+)
+def test_an_independent_emulation_of_each_structure_passes_the_hypothesis_run(name, scheme, act, platform, seed,
+                                                                             tokens, top_k, routing):
+    """The conformance suite's own Hypothesis case (harness.conformance.run_drawn_case) on the catalog's
+    correct base declaring and computing each structure."""
+    control = make_mutant(CONTROL.name, name)
+    result = run_drawn_case(control, scheme, act, PLATFORMS[platform], SHAPES["cpu"], seed, tokens, top_k, routing)
+    assert not isinstance(result, str), result
+    assert result.ok, result.message()
 
 
 def _equivalent(structure: NumericalStructure, other: NumericalStructure, top_k: int) -> str | None:

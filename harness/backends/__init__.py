@@ -5,14 +5,15 @@ line here. Outside backends come from `pytest --backend module:factory` or the e
 from __future__ import annotations
 
 import importlib
+import re
 from importlib.metadata import entry_points
 
 from .base import (Backend, Declined, Problem, backend_accumulation_error, backend_available, backend_operand_dtype,
-                   backend_prepare, backend_structure)
+                   backend_prepare, backend_structure, checked_supports)
 
-__all__ = ["BUILTIN_BACKENDS", "ENTRY_POINT_GROUP", "load_backend", "registered_backends", "Backend", "Problem",
+__all__ = ["BUILTIN_BACKENDS", "BACKEND_NAME", "ENTRY_POINT_GROUP", "load_backend", "registered_backends", "Backend", "Problem",
            "backend_available", "backend_operand_dtype", "backend_accumulation_error", "backend_structure",
-           "backend_prepare", "Declined"]
+           "backend_prepare", "Declined", "checked_supports"]
 
 BUILTIN_BACKENDS: dict[str, str] = {
     "triton_emulation": "harness.backends.triton_emulation:make_backend",
@@ -25,23 +26,45 @@ BUILTIN_BACKENDS: dict[str, str] = {
 ENTRY_POINT_GROUP = "moe_conformance.backends"
 
 
+BACKEND_NAME = re.compile(r"[A-Za-z0-9_.@+-]+")
+
+
 def load_backend(spec: str):
-    """A backend from a registered name or a "module:factory" path (the factory is called with no args)."""
+    """A backend from a registered name or a "module:factory" path (the factory is called with no args).
+    Every way this can go wrong is one error naming the spec, what was found and what was expected."""
+    if not isinstance(spec, str):
+        raise TypeError(f"a backend spec must be a str (a registered name or 'module:factory'), got {spec!r}")
     target = BUILTIN_BACKENDS.get(spec, spec)
     if ":" not in target:
-        raise ValueError(f"unknown backend {spec!r}: not one of {sorted(BUILTIN_BACKENDS)} and not 'module:factory'")
+        raise ValueError(f"unknown backend {spec!r}: not one of the registered {sorted(BUILTIN_BACKENDS)} and "
+                         "not 'module:factory'")
     module_name, _, attr = target.partition(":")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ValueError(f"backend {spec!r}: cannot import {module_name!r} ({exc})") from exc
+        raise ValueError(f"backend {spec!r}: cannot import {module_name!r} ({type(exc).__name__}: {exc}); is its "
+                         "directory on PYTHONPATH (or the directory you run pytest from), or is its package "
+                         "installed?") from None
     factory = getattr(module, attr, None)
     if factory is None:
         raise ValueError(f"backend {spec!r}: module {module_name!r} has no {attr!r}")
+    if not callable(factory):
+        raise TypeError(f"backend {spec!r}: {module_name}.{attr} is a {type(factory).__name__}, not a factory; "
+                        "expected a function (or class) that returns a backend instance")
     backend = factory()
+    if isinstance(backend, type):
+        raise TypeError(f"backend {spec!r}: the factory returned the class {backend.__name__}, not an instance; "
+                        f"return {backend.__name__}() from it")
     missing = [m for m in ("name", "supports", "prepare", "forward") if not hasattr(backend, m)]
     if missing:
         raise TypeError(f"backend {spec!r} does not implement the protocol: missing {missing}")
+    not_callable = [m for m in ("supports", "prepare", "forward") if not callable(getattr(backend, m))]
+    if not_callable:
+        raise TypeError(f"backend {spec!r}: {not_callable} must be methods")
+    name = backend.name
+    if not isinstance(name, str) or not BACKEND_NAME.fullmatch(name):
+        raise ValueError(f"backend {spec!r}: name {name!r} must be a non-empty str of letters, digits and _ . @ + - "
+                         "(it is part of every case id, scheme/activation/backend/platform)")
     return backend
 
 

@@ -16,6 +16,7 @@ _SCHEMES = {"gfx942": {"w_fp8_a_fp8", "w_fp8_a_fp8_block", "w_mxfp4"},
 
 class AiterCapabilityModel:
     name = "aiter"
+    capability_model = True  # answers supports() for the oracle; nothing runs (marked in the dispatch table)
     # not measured (no AMD machine): declared as the default so the record is explicit, revisit with the adapter
     numerical_structure = "vllm_triton"
 

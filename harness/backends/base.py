@@ -38,7 +38,7 @@ from reference.schemes import Scheme
 from reference.structure import DEFAULT_STRUCTURE, NumericalStructure, structure_by_name
 
 __all__ = ["Problem", "Backend", "backend_operand_dtype", "backend_accumulation_error", "backend_available",
-           "backend_structure", "backend_prepare", "Declined"]
+           "backend_structure", "backend_prepare", "Declined", "checked_supports"]
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,16 @@ class Backend(Protocol):
                 topk_ids: torch.Tensor) -> torch.Tensor: ...
 
 
+def checked_supports(backend, problem: Problem, platform: Platform) -> tuple[bool, str]:
+    """backend.supports(), with its answer checked: (bool, str), nothing else (a bool alone, None, or a
+    2-character string such as "no" would otherwise read as an answer)."""
+    answer = backend.supports(problem, platform)
+    if not (isinstance(answer, tuple) and len(answer) == 2 and isinstance(answer[0], bool)
+            and isinstance(answer[1], str)):
+        raise TypeError(f"backend {backend.name!r}: supports() must return (bool, str), got {answer!r}")
+    return answer
+
+
 def backend_operand_dtype(backend) -> torch.dtype:
     return getattr(backend, "operand_dtype", torch.float32)
 
@@ -82,7 +92,13 @@ def backend_accumulation_error(backend) -> float:
 
 def backend_available(backend, platform) -> tuple[bool, str]:
     fn = getattr(backend, "available", None)
-    return fn(platform) if fn is not None else (True, "")
+    if fn is None:
+        return True, ""
+    answer = fn(platform)
+    if not (isinstance(answer, tuple) and len(answer) == 2 and isinstance(answer[0], bool)
+            and isinstance(answer[1], str)):
+        raise TypeError(f"backend {backend.name!r}: available() must return (bool, str), got {answer!r}")
+    return answer
 
 
 class Declined(Exception):
