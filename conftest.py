@@ -20,6 +20,8 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 
+from harness.platforms import PLATFORMS
+
 def _shared_database(local):
     """The local database, plus - read-only - every nightly leg's uploaded database when
     MOE_CONFORMANCE_SHARED_DB=owner/repo is set (and GITHUB_TOKEN: Hypothesis's GitHubArtifactDatabase):
@@ -53,7 +55,6 @@ settings.register_profile(
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
-PLATFORM_MARKERS = ("cpu", "sm90", "sm100", "gfx942", "gfx950")
 
 pytest_plugins = ["harness.pytest_plugin"]  # --report DIR: the conformance report
 
@@ -77,6 +78,9 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     from harness.backends import load_backend, registered_backends
+
+    for p in PLATFORMS.values():  # markers come from the platform data: a new platform is one record
+        config.addinivalue_line("markers", f"{p.name}: must hold on {p.description}")
 
     if config.getoption("--case-timeout") is not None:  # the environment carries it to xdist workers
         os.environ["MOE_CONFORMANCE_CASE_TIMEOUT"] = str(config.getoption("--case-timeout"))
@@ -112,8 +116,8 @@ def pytest_generate_tests(metafunc):
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if not any(item.get_closest_marker(m) for m in PLATFORM_MARKERS):
-            for m in PLATFORM_MARKERS:  # platform-independent: must hold everywhere
+        if not any(item.get_closest_marker(m) for m in PLATFORMS):
+            for m in PLATFORMS:  # platform-independent: must hold everywhere
                 item.add_marker(getattr(pytest.mark, m))
 
 

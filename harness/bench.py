@@ -16,9 +16,11 @@ from dataclasses import dataclass
 
 import torch
 
+from harness.platforms import has_gpu
 from reference.activations import activation_by_name
 from reference.checkpoints import MoECheckpoint, QuantizedWeight
 from reference.formats import E4M3FN
+from reference.quantizers import MX, NVFP4
 from reference.routing import RoutingConfig, route
 from reference.schemes import scheme_by_name
 
@@ -35,12 +37,14 @@ class ModelShape:
     intermediate_size: int
     activation: str
     schemes: tuple[str, ...]  # the quantization schemes benchmarked at this shape
+    biased: bool = False  # the model's experts carry biases (gpt-oss)
 
 
 MODEL_SHAPES = {
     s.name: s
     for s in (
-        ModelShape("gpt-oss-120b", 128, 4, 2880, 2880, "SWIGLUOAI", ("w_mxfp4", "w_nvfp4", "w_nvfp4_a_nvfp4", "bf16")),
+        ModelShape("gpt-oss-120b", 128, 4, 2880, 2880, "SWIGLUOAI", ("w_mxfp4", "w_nvfp4", "w_nvfp4_a_nvfp4", "bf16"),
+                   biased=True),
         ModelShape("kimi-k2", 384, 8, 7168, 2048, "SILU", ("w_mxfp4", "w_nvfp4", "bf16", "w_fp8_a_fp8")),
         ModelShape("qwen3-30b-a3b", 128, 8, 2048, 768, "SILU", ("w_nvfp4", "w_mxfp4", "bf16")),
     )
@@ -60,7 +64,7 @@ def cuda_event_timer() -> float:
     """Seconds on the GPU's clock since the first call: records a CUDA event and waits for it. Two calls
     around a launch measure the GPU time between them (what pytest-benchmark's round time becomes).
     Falls back to perf_counter without a GPU."""
-    if not torch.cuda.is_available():
+    if not has_gpu():
         return time.perf_counter()
     ev = torch.cuda.Event(enable_timing=True)
     ev.record()
@@ -78,7 +82,7 @@ def _l2_buffer():
 
 def flush_l2() -> None:
     """Write 256 MB (H200's L2 is 50 MB): the next round reads its weights from HBM."""
-    if torch.cuda.is_available():
+    if has_gpu():
         _l2_buffer().zero_()
 
 
@@ -184,24 +188,9 @@ def device_checkpoint(shape: ModelShape, scheme_name: str, device, seed: int = 0
     def weight(rows: int, cols: int) -> QuantizedWeight:
         if wq is None:  # drawn in bf16 directly: Kimi-K2's w13 in fp32 alone would be 42 GB
             return QuantizedWeight(torch.randn(e, rows, cols, generator=g, device=device, dtype=torch.bfloat16).mul_(0.02))
-        if wq.kind in ("mx", "nvfp4") and wq.elem.nbits == 4:
-            data = torch.randint(0, 256, (e, rows, cols // 2), generator=g, device=device, dtype=torch.uint8)
-        elif wq.kind == "mx":  # MXFP8/MXFP6 codes: one per byte, NaN-free
-            data = _fp8_codes((e, rows, cols), g, device)
-        else:  # FP8
-            data = _fp8_codes((e, rows, cols), g, device)
-        if wq.kind == "mx":
-            scale = torch.randint(118, 124, (e, rows, cols // 32), generator=g, device=device, dtype=torch.uint8)
-            return QuantizedWeight(data, scale)
-        if wq.kind == "nvfp4":
-            # E4M3 block-scale codes 0x30..0x47: 0.5 .. 2.0
-            scale = torch.randint(0x30, 0x48, (e, rows, cols // 16), generator=g, device=device, dtype=torch.uint8)
-            return QuantizedWeight(data, scale, torch.full((e,), 0.01, device=device))
-        if wq.granularity.name == "PER_TENSOR":
-            return QuantizedWeight(data, torch.full((e,), 0.01, device=device))
-        return QuantizedWeight(data, torch.full((e, rows // 128, cols // 128), 0.01, device=device))
+        return QuantizedWeight(*wq.kind.random_weight(wq, e, rows, cols, g, device, E4M3FN))
 
-    bias = act.name == "SWIGLUOAI"
+    bias = shape.biased
     return MoECheckpoint(
         scheme, act, weight(n13, h), weight(h, i), h, i,
         b13=torch.zeros(e, n13, device=device) if bias else None,
@@ -210,14 +199,6 @@ def device_checkpoint(shape: ModelShape, scheme_name: str, device, seed: int = 0
         w2_input_scale=torch.full((e,), 0.05, device=device) if scheme.act is not None else None,
         fp8_format=E4M3FN,
     )
-
-
-def _fp8_codes(size, g, device) -> torch.Tensor:
-    """E4M3FN codes of moderate magnitude (exponent field 4..10), random signs and mantissas: no NaN."""
-    mant = torch.randint(0, 8, size, generator=g, device=device, dtype=torch.uint8)
-    exp = torch.randint(4, 11, size, generator=g, device=device, dtype=torch.uint8)
-    sign = torch.randint(0, 2, size, generator=g, device=device, dtype=torch.uint8)
-    return (sign << 7) | (exp << 3) | mant
 
 
 def roofline_time_s(nbytes: int, flops: int, bandwidth: float, tflops: float) -> float:
@@ -255,7 +236,7 @@ class DequantizeAllBaseline:
         dev = self.device
         weightless = dataclasses.replace(ckpt, scheme=dataclasses.replace(ckpt.scheme, weight=None))
         wq = ckpt.scheme.weight
-        elem = ckpt.fp8_format if wq.kind == "fp8" else wq.elem
+        elem = wq.kind.code_format(wq, ckpt.fp8_format)
         luts = dict(code=elem.values_fp32.to(dev), e4m3=_E4M3FN.values_fp32.to(dev), e2m1=E2M1.values_fp32.to(dev))
         weights = {n: QuantizedWeight(getattr(ckpt, n).data.to(dev),
                                       None if getattr(ckpt, n).scale is None else getattr(ckpt, n).scale.to(dev),
@@ -269,7 +250,7 @@ class DequantizeAllBaseline:
     def _dequantize(cls, w: QuantizedWeight, ckpt: MoECheckpoint, luts) -> torch.Tensor:
         wq = ckpt.scheme.weight
         e = w.data.shape[0]
-        k = w.data.shape[2] * (2 if wq.kind != "fp8" and wq.elem.nbits == 4 else 1)
+        k = w.data.shape[2] * (2 if wq.kind.code_format(wq, ckpt.fp8_format).nbits == 4 else 1)
         out = torch.empty(e, w.data.shape[1], k, dtype=torch.bfloat16, device=w.data.device)
         for e0 in range(0, e, cls.EXPERTS_PER_CHUNK):
             sl = slice(e0, e0 + cls.EXPERTS_PER_CHUNK)
@@ -282,14 +263,14 @@ class DequantizeAllBaseline:
 
         wq = ckpt.scheme.weight
         codes = w.data[sl]
-        if wq.kind != "fp8" and wq.elem.nbits == 4:
+        if wq.kind.code_format(wq, ckpt.fp8_format).nbits == 4:
             codes = torch.stack((codes & 0xF, codes >> 4), dim=-1).flatten(-2)
         v = luts["code"][codes.int()]
         e, n, k = v.shape
-        if wq.kind == "mx":
+        if wq.kind is MX:
             s = torch.exp2(w.scale[sl].float() - 127)
             v = (v.view(e, n, k // 32, 32) * s[..., None]).view(e, n, k)
-        elif wq.kind == "nvfp4":
+        elif wq.kind is NVFP4:
             s_dec = nvfp4_decode_scale(w.global_scale[sl], ckpt.nvfp4_global_convention)
             # the reference's order: code value x block scale, then x the global decode scale
             v = (v.view(e, n, k // 16, 16) * luts["e4m3"][w.scale[sl].int()][..., None]
@@ -384,7 +365,7 @@ def _roofline(rows: list[dict], anchors: dict, path):
 
 def anchors() -> dict:
     """The run's reference points (measured now, on this GPU)."""
-    if not torch.cuda.is_available():
+    if not has_gpu():
         return {}
     return dict(device=torch.cuda.get_device_name(0), torch=torch.__version__,
                 copy_tb_s=copy_bandwidth() / 1e12, dense_bf16_tflops=dense_bf16_tflops())

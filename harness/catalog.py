@@ -1,7 +1,7 @@
 """The seeded-bug catalog: small buggy backends, each a wrapper of a correct one (torch emulation with
 fp32 operands) that injects one real bug class, for proving that the suites catch it (issue 7: detection power).
 
-Each mutant names the bug class it models (DESIGN.md "Why it exists"). hunt() runs the conformance
+Each mutant names the bug class it models (the README's "Detection power" lists them). hunt() runs the conformance
 suite's own checks on a backend - the quantizer entry-point property (ci settings), then every
 conformance case on the catalog platforms in the suite's order - and stops at the first failure;
 suites/test_catalog.py (in `make test`) asserts that every mutant is caught and the control is not,
@@ -21,6 +21,7 @@ from reference.checkpoints import MoECheckpoint
 from reference.formats import E4M3FN, E4M3FNUZ
 from reference.fp8 import Granularity
 from reference.mx import ScaleMode, quantize_mx
+from reference.quantizers import FP8, MX, NVFP4
 from reference.schemes import ActQuant
 
 from reference.structure import DEFAULT_STRUCTURE, STRUCTURES, NumericalStructure, structure_by_name
@@ -70,7 +71,7 @@ def _fp8_dtype_not_platforms(ckpt: MoECheckpoint) -> MoECheckpoint:
 
 
 def _nvfp4_global_direction(ckpt: MoECheckpoint) -> MoECheckpoint:
-    if ckpt.scheme.weight is None or ckpt.scheme.weight.kind != "nvfp4":
+    if ckpt.scheme.weight is None or ckpt.scheme.weight.kind is not NVFP4:
         return ckpt
     flipped = "encode" if ckpt.nvfp4_global_convention == "decode" else "decode"
     return dataclasses.replace(ckpt, nvfp4_global_convention=flipped)
@@ -78,9 +79,9 @@ def _nvfp4_global_direction(ckpt: MoECheckpoint) -> MoECheckpoint:
 
 def _static_scale_ignored(ckpt: MoECheckpoint) -> MoECheckpoint:
     aq = ckpt.scheme.act
-    if aq is None or aq.kind != "fp8" or not aq.static:
+    if aq is None or aq.kind is not FP8 or not aq.static:
         return ckpt
-    return _with_scheme_act(ckpt, ActQuant("fp8", aq.elem, Granularity.PER_TOKEN, None, static=False))
+    return _with_scheme_act(ckpt, ActQuant(FP8, aq.elem, Granularity.PER_TOKEN, None, static=False))
 
 
 def _a2_scale_not_max(ckpt: MoECheckpoint) -> MoECheckpoint:
@@ -94,7 +95,7 @@ def _a2_scale_not_max(ckpt: MoECheckpoint) -> MoECheckpoint:
 def _weight_only_as_w4a4(ckpt: MoECheckpoint) -> MoECheckpoint:
     if not ckpt.scheme.weight_only:
         return ckpt
-    return _with_scheme_act(ckpt, ActQuant("mx", ckpt.scheme.weight.elem if ckpt.scheme.weight.kind == "mx"
+    return _with_scheme_act(ckpt, ActQuant(MX, ckpt.scheme.weight.elem if ckpt.scheme.weight.kind is MX
                                            else E4M3FN))
 
 
@@ -180,7 +181,7 @@ def _fp8_bias_before_dequantization(ckpt: MoECheckpoint) -> MoECheckpoint:
     # accumulator, then multiplied by a_scale * w_scale; a backend reading the bias that way computes
     # with bias * a_scale * w_scale
     wq, aq = ckpt.scheme.weight, ckpt.scheme.act
-    if wq is None or wq.kind != "fp8" or wq.granularity is not Granularity.PER_TENSOR or aq is None or not aq.static:
+    if wq is None or wq.kind is not FP8 or wq.granularity is not Granularity.PER_TENSOR or aq is None or not aq.static:
         return ckpt
     from reference.moe import static_activation_scales
 
@@ -195,7 +196,7 @@ def _router_weight_applied_twice(base, prep, x, w, ids):
 
 
 def _fnuz_max_224_fwd(base, prep, x, w, ids):
-    if prep.fp8_format is not E4M3FNUZ or prep.scheme.act is None or prep.scheme.act.kind != "fp8":
+    if prep.fp8_format is not E4M3FNUZ or prep.scheme.act is None or prep.scheme.act.kind is not FP8:
         return base(prep, x, w, ids)
     from reference.moe import static_activation_scales
 

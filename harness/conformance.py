@@ -18,6 +18,7 @@ from reference.fp8 import FP8_FORMATS, Granularity, quantize_fp8
 from reference.mx import MX_ELEMENT_FORMATS, ScaleMode, quantize_mx
 from reference.nvfp4 import quantize_nvfp4
 from reference.schemes import SCHEMES, Scheme
+from reference.quantizers import FP8
 from reference.structure import NumericalStructure
 
 from .backends import (Declined, Problem, backend_accumulation_error, backend_available, backend_operand_dtype,
@@ -27,7 +28,7 @@ from .platforms import Platform
 from .tolerances import Comparison, Exact, compare, moe_error_bound
 
 __all__ = ["Shape", "SHAPES", "ConformanceCase", "skip_reason", "run_case", "reference_run", "conformance_cases",
-           "QUANTIZER_CASES", "quantizer_cases", "quantizer_property", "reference_quantize", "case_problem",
+           "QUANTIZER_CASES", "quantizer_cases", "case_checkpoint", "quantizer_property", "reference_quantize", "case_problem",
            "backend_shape", "checked_supports", "default_shape", "compare_backend", "case_inputs", "run_drawn_case",
            "ROUTINGS"]
 
@@ -97,7 +98,7 @@ def skip_reason(backend, case: ConformanceCase, host_platform: Platform, shape: 
     # A backend that simulates another platform's semantics here runs only the cases whose semantics
     # differ from this machine's platform: platforms differ only in their FP8 dtype.
     if case.platform is not host_platform:
-        uses_fp8 = "fp8" in {q.kind for q in (case.scheme.weight, case.scheme.act) if q is not None}
+        uses_fp8 = any(q.kind is FP8 for q in (case.scheme.weight, case.scheme.act) if q is not None)
         if not uses_fp8 or case.platform.fp8_format is host_platform.fp8_format:
             return (f"{backend.name}: same semantics as the {host_platform.name} case on this machine "
                     "(platforms differ only in the FP8 dtype)")
@@ -109,7 +110,7 @@ def default_shape(host_platform: Platform) -> Shape:
 
 
 @functools.lru_cache(maxsize=64)
-def _checkpoint(scheme: str, act: str, fp8_name: str, shape: Shape, seed: int, bias: bool = True) -> MoECheckpoint:
+def case_checkpoint(scheme: str, act: str, fp8_name: str, shape: Shape, seed: int, bias: bool = True) -> MoECheckpoint:
     from reference.formats import format_by_name
 
     return make_checkpoint(scheme, act, shape.num_experts, shape.hidden_size, shape.intermediate_size, seed=seed,
@@ -134,7 +135,7 @@ def case_inputs(shape: Shape, seed: int, tokens: int | None = None):
 @functools.lru_cache(maxsize=64)
 def reference_run(scheme: str, act: str, fp8_name: str, shape: Shape, seed: int, structure: NumericalStructure,
                   bias: bool = True):
-    ckpt = _checkpoint(scheme, act, fp8_name, shape, seed, bias)
+    ckpt = case_checkpoint(scheme, act, fp8_name, shape, seed, bias)
     x, w, ids = case_inputs(shape, seed)
     out, trace = fused_moe(x, ckpt, w, ids, structure=structure, trace=True)
     return ckpt, (x, w, ids), out, trace
@@ -181,7 +182,7 @@ def run_drawn_case(backend, scheme: str, act: str, platform: Platform, shape: Sh
     if not ok:
         return f"{backend.name} does not support {scheme}/{act} at top_k={shape.top_k}: {reason}"
     k = shape.top_k
-    ckpt = _checkpoint(scheme, act, platform.fp8_format.name, base, seed % 4, problem.has_bias)
+    ckpt = case_checkpoint(scheme, act, platform.fp8_format.name, base, seed % 4, problem.has_bias)
     x, w, ids = case_inputs(shape, seed, tokens)
     if routing == "all_to_one":
         ids = torch.arange(k).repeat(tokens, 1)

@@ -37,7 +37,7 @@ def step_weight_codes(ckpt: MoECheckpoint, name: str, mask: torch.Tensor) -> MoE
         v = w.data.float()
         stepped = (v * (1 + _BF16_STEP)).to(torch.bfloat16)
         return ckpt.with_weight(name, replace(w, data=torch.where(mask, stepped, w.data)))
-    fmt = ckpt.fp8_format if wq.kind == "fp8" else wq.elem
+    fmt = wq.kind.code_format(wq, ckpt.fp8_format)
     codes = _codes(w, ckpt).int()
     mag = codes & (fmt.sign_bit - 1)
     new_mag = torch.where(mag < fmt.max_code, mag + 1, mag - 1)

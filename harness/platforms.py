@@ -14,7 +14,8 @@ import torch
 
 from reference.formats import E4M3FN, E4M3FNUZ, FloatFormat
 
-__all__ = ["Platform", "PLATFORMS", "platform_by_name", "detect_platform", "HostInfo", "host_info"]
+__all__ = ["Platform", "PLATFORMS", "platform_by_name", "detect_platform", "HostInfo", "host_info", "has_gpu",
+           "default_device"]
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,6 @@ class Platform:
     fp8_format: FloatFormat
     native_formats: frozenset[str]  # what the hardware's matrix units take natively
     backend_priority: tuple[str, ...]  # the oracle's order; the last is an emulation backend
-    marker: str = ""
 
     @property
     def runner_labels(self) -> tuple[str, ...]:
@@ -75,10 +75,6 @@ class HostInfo:
     torch_version: str
     triton_version: str | None
 
-    @property
-    def has_gpu(self) -> bool:
-        return self.platform.is_gpu
-
 
 def _detect() -> tuple[Platform, str]:
     if not torch.cuda.is_available():
@@ -111,3 +107,13 @@ def host_info() -> HostInfo:
 def detect_platform() -> Platform:
     """The platform this machine is (cpu when no GPU is visible)."""
     return host_info().platform
+
+
+def has_gpu() -> bool:
+    """A GPU torch can use is visible (the one hardware probe every other module asks)."""
+    return torch.cuda.is_available()
+
+
+def default_device() -> str:
+    """Where backends put their tensors by default: "cuda" when a GPU is visible, else "cpu"."""
+    return "cuda" if has_gpu() else "cpu"

@@ -38,13 +38,10 @@ import torch
 
 from reference.checkpoints import MoECheckpoint
 from reference.activations import gate_and_up
-from reference.formats import FloatFormat
-from reference.fp8 import Granularity, ScaleApply, _MIN_SCALE_DIVISOR, qdq_fp8
+from reference.fp8 import ScaleApply
 from reference.moe import MoETrace
-from reference.structure import ActivationEval, Precision, RouterWeight, TopKSum, round_to
-from reference.mx import ScaleMode, mx_shared_exponent, qdq_mx
-from reference.nvfp4 import nvfp4_block_scale_codes, qdq_nvfp4
 from reference.schemes import ActQuant
+from reference.structure import ActivationEval, Precision, RouterWeight, TopKSum, round_to
 
 __all__ = [
     "U_BF16",
@@ -318,10 +315,6 @@ def _widen_fp32(x64: torch.Tensor, direction: float) -> torch.Tensor:
     return torch.where(inward, torch.nextafter(x32, torch.full_like(x32, direction)), x32)
 
 
-def _block_amax(a: torch.Tensor, block: int) -> torch.Tensor:
-    return a.reshape(*a.shape[:-1], -1, block).amax(-1)
-
-
 def requantization_deviation(
     y: torch.Tensor, d_y: torch.Tensor, q_ref: torch.Tensor, aq: ActQuant, ckpt: MoECheckpoint, static_scale,
     static_scale_apply: ScaleApply = ScaleApply.DIVIDE,
@@ -332,57 +325,11 @@ def requantization_deviation(
     hi = _widen_fp32(y + d_y, float("inf"))
     mag_lo = torch.clamp_min(torch.minimum(lo.abs(), hi.abs()) * ((lo > 0) | (hi < 0)), 0.0)  # |y'| lower bound
     mag_hi = torch.maximum(lo.abs(), hi.abs())
-    candidates_lo, candidates_hi = [], []
-    if aq.kind == "mx":
-        e_lo = mx_shared_exponent(_block_amax(mag_lo, 32), aq.elem, ScaleMode.FLOOR)
-        e_hi = mx_shared_exponent(_block_amax(mag_hi, 32), aq.elem, ScaleMode.FLOOR)
-        for d in range(int((e_hi - e_lo).max()) + 1 if e_hi.numel() else 1):
-            e = torch.minimum(e_lo + d, e_hi)
-            candidates_lo.append(qdq_mx(lo, aq.elem, shared_exponent=e))
-            candidates_hi.append(qdq_mx(hi, aq.elem, shared_exponent=e))
-    elif aq.kind == "nvfp4":
-        s_enc = 1.0 / static_scale
-        c_lo = nvfp4_block_scale_codes(_block_amax(mag_lo, 16), s_enc).int()
-        c_hi = nvfp4_block_scale_codes(_block_amax(mag_hi, 16), s_enc).int()
-        for d in range(int((c_hi - c_lo).max()) + 1 if c_hi.numel() else 1):
-            c = torch.minimum(c_lo + d, c_hi).to(torch.uint8)
-            candidates_lo.append(qdq_nvfp4(lo, global_decode_scale=static_scale, block_scales=c))
-            candidates_hi.append(qdq_nvfp4(hi, global_decode_scale=static_scale, block_scales=c))
-    else:
-        candidates_lo, candidates_hi = _fp8_candidates(lo, hi, mag_lo, mag_hi, aq, ckpt.fp8_format, static_scale,
-                                                       static_scale_apply)
+    candidates_lo, candidates_hi = aq.kind.requantization_candidates(aq, lo, hi, mag_lo, mag_hi, ckpt.fp8_format,
+                                                                     static_scale, static_scale_apply)
     q_min = torch.stack(candidates_lo).double().amin(0)
     q_max = torch.stack(candidates_hi).double().amax(0)
     return torch.maximum(q_max - q_ref, q_ref - q_min).clamp_min(0.0)
-
-
-def _fp8_candidates(lo, hi, mag_lo, mag_hi, aq: ActQuant, fmt: FloatFormat, static_scale, static_scale_apply):
-    fmax = fmt.max_normal
-    if aq.static:
-        kw = dict(scale=static_scale, scale_apply=static_scale_apply)
-        return [qdq_fp8(lo, fmt, **kw)], [qdq_fp8(hi, fmt, **kw)]
-    if aq.granularity is not Granularity.PER_BLOCK or aq.block_shape[0] != 1:
-        raise NotImplementedError(f"requantization bound for {aq.label}")
-    bk = aq.block_shape[1]
-    floor = torch.tensor(1.0 / (fmax * _MIN_SCALE_DIVISOR), dtype=torch.float32)
-    s_lo = torch.clamp_min(_block_amax(mag_lo, bk) / fmax, floor)
-    s_hi = torch.clamp_min(_block_amax(mag_hi, bk) / fmax, floor)
-    kw = dict(granularity=aq.granularity, block_shape=aq.block_shape)
-    q = {(v, s): qdq_fp8(x, fmt, scale=sc, **kw) for v, x in (("lo", lo), ("hi", hi)) for s, sc in (("slo", s_lo), ("shi", s_hi))}
-    # Between the two scales the code of an input may jump; every value a jump can produce lies within
-    # half a step (at the larger scale) of the input, so widen by that where the endpoint codes differ.
-    half_step = _fp8_half_step(mag_hi, s_hi.repeat_interleave(bk, -1), fmt)
-    jump_lo = q[("lo", "slo")] / s_lo.repeat_interleave(bk, -1) != q[("lo", "shi")] / s_hi.repeat_interleave(bk, -1)
-    jump_hi = q[("hi", "slo")] / s_lo.repeat_interleave(bk, -1) != q[("hi", "shi")] / s_hi.repeat_interleave(bk, -1)
-    env_lo = torch.where(jump_lo, lo.double() - half_step, torch.inf)
-    env_hi = torch.where(jump_hi, hi.double() + half_step, -torch.inf)
-    return [q[("lo", "slo")], q[("lo", "shi")], env_lo], [q[("hi", "slo")], q[("hi", "shi")], env_hi]
-
-
-def _fp8_half_step(mag: torch.Tensor, scale: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
-    y = (mag.double() / scale.double()).clamp(2.0**fmt.emin, fmt.max_normal)
-    e = torch.floor(torch.log2(y)).clamp(min=fmt.emin)
-    return 2.0 ** (e - fmt.mbits) * scale.double()  # a full step: covers rounding of the log2 estimate
 
 
 def moe_error_bound(trace: MoETrace, ckpt: MoECheckpoint, operand_dtype: torch.dtype = torch.float32,

@@ -22,10 +22,7 @@ import torch
 
 from .activations import Activation, activation_by_name, apply_activation
 from .formats import E4M3FN, E4M3FNUZ, FloatFormat
-from .fp8 import dequantize_fp8, quantize_fp8
-from .mx import dequantize_mx, quantize_mx
-from .nvfp4 import dequantize_nvfp4, nvfp4_global_encode_scale, quantize_nvfp4
-from .packing import pack_fp4, unpack_fp4
+from .quantizers import NVFP4_CONVENTIONS, nvfp4_decode_scale
 from .schemes import Scheme, WeightQuant, scheme_by_name
 
 __all__ = [
@@ -33,8 +30,6 @@ __all__ = [
     "check_checkpoint",
 ]
 
-NVFP4_CONVENTIONS = ("decode", "encode")
-_NVFP4_AMAX_DIVISOR = 448.0 * 6.0
 
 
 @dataclass(frozen=True)
@@ -72,16 +67,7 @@ def _weight_layout(wq: WeightQuant | None, e: int, n: int, k: int, fp8_format: F
     weight [E, N, K] in checkpoint layout."""
     if wq is None:
         return (e, n, k), torch.bfloat16, None, None, None, "bf16 values"
-    if wq.kind == "mx":
-        packed = wq.elem.nbits == 4
-        return ((e, n, k // 2) if packed else (e, n, k)), torch.uint8, (e, n, k // 32), torch.uint8, None, (
-            f"{wq.elem.name} codes{' packed two per byte along K' if packed else ''}, E8M0 scales per 32")
-    if wq.kind == "nvfp4":
-        return (e, n, k // 2), torch.uint8, (e, n, k // 16), torch.uint8, (e,), "E2M1 codes packed along K, E4M3 scales per 16"
-    if wq.block_shape:
-        bm, bk = wq.block_shape
-        return (e, n, k), torch.uint8, (e, n // bm, k // bk), torch.float32, None, f"{fp8_format.name} codes, fp32 block scales"
-    return (e, n, k), torch.uint8, (e, 1, 1), torch.float32, None, f"{fp8_format.name} codes, one fp32 scale per expert"
+    return wq.kind.weight_layout(wq, e, n, k, fp8_format)
 
 
 def _check_tensor(t, name: str, shape, dtype, what: str) -> None:
@@ -134,43 +120,18 @@ def check_checkpoint(ckpt: "MoECheckpoint") -> None:
                 _check_tensor(getattr(ckpt, name), f"ckpt.{name}", (e,), torch.float32, "static scale per expert")
 
 
-def nvfp4_decode_scale(global_scale: torch.Tensor, convention: str) -> torch.Tensor:
-    """The multiply-on-dequant direction, from a checkpoint's stored global scale."""
-    if convention == "decode":
-        return global_scale
-    if convention == "encode":
-        return 1.0 / global_scale
-    raise ValueError(f"nvfp4_global_convention must be one of {NVFP4_CONVENTIONS}, got {convention!r}")
-
-
 def dequantize_weight(w: QuantizedWeight, wq: WeightQuant | None, ckpt: MoECheckpoint) -> torch.Tensor:
     """The fp32 values a checkpoint weight means, [E, N, K]."""
     if wq is None:
         return w.data.float()
-    if wq.kind == "mx":
-        codes = unpack_fp4(w.data) if wq.elem.nbits == 4 else w.data
-        return dequantize_mx(codes, w.scale, wq.elem)
-    if wq.kind == "nvfp4":
-        s_dec = nvfp4_decode_scale(w.global_scale, ckpt.nvfp4_global_convention)
-        return dequantize_nvfp4(unpack_fp4(w.data), w.scale, s_dec[:, None, None])
-    return dequantize_fp8(w.data, w.scale, ckpt.fp8_format)
+    return wq.kind.dequantize_weight(wq, w.data, w.scale, w.global_scale, ckpt.nvfp4_global_convention,
+                                     ckpt.fp8_format)
 
 
 def _quantize_weight(w: torch.Tensor, wq: WeightQuant | None, convention: str, fp8_format: FloatFormat) -> QuantizedWeight:
     if wq is None:
         return QuantizedWeight(w.to(torch.bfloat16))
-    if wq.kind == "mx":
-        q = quantize_mx(w, wq.elem, scale_mode=wq.scale_mode)
-        data = pack_fp4(q.codes) if wq.elem.nbits == 4 else q.codes
-        return QuantizedWeight(data, q.scales)
-    if wq.kind == "nvfp4":
-        amax = w.abs().amax(dim=(1, 2))
-        s_enc = nvfp4_global_encode_scale(amax)
-        q = quantize_nvfp4(w, global_encode_scale=s_enc[:, None, None])
-        stored = q.global_decode_scale.reshape(-1) if convention == "decode" else s_enc
-        return QuantizedWeight(pack_fp4(q.codes), q.block_scales, stored.float())
-    q = quantize_fp8(w, fp8_format, granularity=wq.granularity, block_shape=wq.block_shape)
-    return QuantizedWeight(q.codes, q.scale)
+    return QuantizedWeight(*wq.kind.quantize_weight(wq, w, convention, fp8_format))
 
 
 def _dummy_weight(g: torch.Generator, e: int, n: int, k: int, outliers: int, outlier_scale: float) -> torch.Tensor:
@@ -261,8 +222,4 @@ def make_checkpoint(
 
 
 def _input_scale(amax: torch.Tensor, scheme: Scheme, convention: str, fp8_format: FloatFormat) -> torch.Tensor:
-    if scheme.act.kind == "fp8":
-        return (amax / fp8_format.max_normal).float()
-    decode_dir = (amax / _NVFP4_AMAX_DIVISOR).float()
-    return decode_dir if convention == "decode" else nvfp4_global_encode_scale(amax)
-
+    return scheme.act.kind.calibrated_input_scale(amax, convention, fp8_format)

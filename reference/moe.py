@@ -22,10 +22,8 @@ from dataclasses import dataclass
 import torch
 
 from .activations import gate_and_up
-from .checkpoints import MoECheckpoint, check_checkpoint, dequantize_weight, nvfp4_decode_scale
-from .fp8 import ScaleApply, qdq_fp8
-from .mx import qdq_mx
-from .nvfp4 import qdq_nvfp4
+from .checkpoints import MoECheckpoint, check_checkpoint, dequantize_weight
+from .fp8 import ScaleApply
 from .schemes import ActQuant
 from .structure import (DEFAULT_STRUCTURE, ActivationEval, NumericalStructure, Precision, RouterWeight, TopKSum,
                         round_to, structure_by_name)
@@ -80,8 +78,7 @@ def static_activation_scales(ckpt: MoECheckpoint) -> tuple[torch.Tensor | None, 
         )
     scales = []
     for s in (ckpt.w13_input_scale, ckpt.w2_input_scale):
-        if aq.kind == "nvfp4":
-            s = nvfp4_decode_scale(s, ckpt.nvfp4_global_convention)
+        s = aq.kind.static_scale(s, ckpt.nvfp4_global_convention)
         if not bool(torch.isfinite(s).all()) or not bool((s > 0).all()):
             raise ValueError(f"input scales must be positive and finite, got {s.tolist()}")
         scales.append(s.float().amax())
@@ -94,14 +91,7 @@ def activation_qdq(x: torch.Tensor, aq: ActQuant | None, ckpt: MoECheckpoint, st
     A static FP8 scale is applied as `static_scale_apply` says (the kernel's structure declares it)."""
     if aq is None:
         return x
-    if aq.kind == "mx":
-        return qdq_mx(x, aq.elem)
-    if aq.kind == "nvfp4":
-        return qdq_nvfp4(x, global_decode_scale=static_scale)
-    fmt = ckpt.fp8_format
-    if aq.static:
-        return qdq_fp8(x, fmt, scale=static_scale, scale_apply=static_scale_apply)
-    return qdq_fp8(x, fmt, granularity=aq.granularity, block_shape=aq.block_shape)
+    return aq.kind.qdq_activation(aq, x, ckpt.fp8_format, static_scale, static_scale_apply)
 
 
 def check_moe_inputs(hidden_states, ckpt: MoECheckpoint, topk_weights, topk_ids) -> None:

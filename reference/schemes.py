@@ -14,56 +14,46 @@ from dataclasses import dataclass
 from .formats import E2M1, E2M3, E3M2, E4M3FN, FloatFormat
 from .fp8 import Granularity
 from .mx import ScaleMode
+from .quantizers import FP8, MX, NVFP4, QUANTIZER_KINDS, QuantizerKind
 
 __all__ = ["WeightQuant", "ActQuant", "Scheme", "SCHEMES", "scheme_by_name"]
 
-# `kind` names the quantizer family; "fp8" formats are the platform's FP8 dtype at run time
-# (E4M3FN on sm90/sm100/gfx950, E4M3FNUZ on gfx942), so a record stores E4M3FN as the default.
-KINDS = ("mx", "nvfp4", "fp8")
+@dataclass(frozen=True)
+class _Quantization:
+    """What one tensor's quantizer is: its kind (reference.quantizers: MX, NVFP4, FP8) and parameters. FP8
+    codes are the platform's FP8 at run time (E4M3FN on sm90/sm100/gfx950, E4M3FNUZ on gfx942), so a
+    record stores E4M3FN as the default."""
+
+    kind: QuantizerKind
+    elem: FloatFormat
+    granularity: Granularity | None = None  # fp8: PER_TENSOR, PER_TOKEN or PER_BLOCK
+    block_shape: tuple[int, int] | None = None  # fp8 PER_BLOCK: (128, 128) weights, (1, 128) activations
+
+    def __post_init__(self):
+        if not isinstance(self.kind, QuantizerKind):
+            raise TypeError(f"{type(self).__name__}.kind must be one of {QUANTIZER_KINDS}, got {self.kind!r}")
+
+    @property
+    def k_block(self) -> int:
+        return self.kind.k_block(self)
 
 
 @dataclass(frozen=True)
-class WeightQuant:
-    kind: str
-    elem: FloatFormat
-    granularity: Granularity | None = None  # fp8 only: PER_TENSOR (one scale per expert) or PER_BLOCK
-    block_shape: tuple[int, int] | None = None  # fp8 PER_BLOCK: (128, 128)
+class WeightQuant(_Quantization):
     scale_mode: ScaleMode = ScaleMode.FLOOR  # mx: how the checkpoint builder picked its scales
 
-    def __post_init__(self):
-        if self.kind not in KINDS:
-            raise ValueError(f"WeightQuant.kind must be one of {KINDS}, got {self.kind!r}")
-
     @property
     def label(self) -> str:
-        if self.kind == "mx":
-            return f"mx{self.elem.name}"
-        if self.kind == "nvfp4":
-            return "nvfp4"
-        g = "per-tensor" if self.granularity is Granularity.PER_TENSOR else f"block{self.block_shape}"
-        return f"fp8 {g}"
+        return self.kind.weight_label(self)
 
 
 @dataclass(frozen=True)
-class ActQuant:
-    kind: str
-    elem: FloatFormat
-    granularity: Granularity | None = None  # fp8: PER_TENSOR (static) or PER_BLOCK (dynamic 1x128)
-    block_shape: tuple[int, int] | None = None
+class ActQuant(_Quantization):
     static: bool = False  # fp8/nvfp4: the global/tensor scale comes from the checkpoint's input scales
-
-    def __post_init__(self):
-        if self.kind not in KINDS:
-            raise ValueError(f"ActQuant.kind must be one of {KINDS}, got {self.kind!r}")
 
     @property
     def label(self) -> str:
-        if self.kind == "mx":
-            return f"mx{self.elem.name} dynamic"
-        if self.kind == "nvfp4":
-            return "nvfp4 (static global, dynamic blocks)"
-        g = "per-tensor" if self.granularity is Granularity.PER_TENSOR else f"block{self.block_shape}"
-        return f"fp8 {g} {'static' if self.static else 'dynamic'}"
+        return self.kind.act_label(self)
 
 
 @dataclass(frozen=True)
@@ -91,39 +81,27 @@ class Scheme:
 
     def k_multiple(self) -> int:
         """H and I must be multiples of this (the blocks of every quantizer along K)."""
-        blocks = [1]
-        for q in (self.weight, self.act):
-            if q is None:
-                continue
-            if q.kind == "mx":
-                blocks.append(32)
-            elif q.kind == "nvfp4":
-                blocks.append(16)
-            elif q.block_shape:
-                blocks.append(q.block_shape[-1])
-        return max(blocks)
+        return max([1] + [q.k_block for q in (self.weight, self.act) if q is not None])
 
     def n_multiple(self) -> int:
         """Output rows of each weight must be multiples of this (fp8 128x128 weight blocks)."""
-        if self.weight and self.weight.kind == "fp8" and self.weight.block_shape:
-            return self.weight.block_shape[0]
-        return 1
+        return self.weight.kind.n_block(self.weight) if self.weight else 1
 
 
-_MXFP4 = WeightQuant("mx", E2M1)
-_MXFP6_E3M2 = WeightQuant("mx", E3M2)
-_MXFP6_E2M3 = WeightQuant("mx", E2M3)
-_MXFP8 = WeightQuant("mx", E4M3FN)
-_NVFP4 = WeightQuant("nvfp4", E2M1)
-_FP8_TENSOR = WeightQuant("fp8", E4M3FN, Granularity.PER_TENSOR)
-_FP8_BLOCK = WeightQuant("fp8", E4M3FN, Granularity.PER_BLOCK, (128, 128))
+_MXFP4 = WeightQuant(MX, E2M1)
+_MXFP6_E3M2 = WeightQuant(MX, E3M2)
+_MXFP6_E2M3 = WeightQuant(MX, E2M3)
+_MXFP8 = WeightQuant(MX, E4M3FN)
+_NVFP4 = WeightQuant(NVFP4, E2M1)
+_FP8_TENSOR = WeightQuant(FP8, E4M3FN, Granularity.PER_TENSOR)
+_FP8_BLOCK = WeightQuant(FP8, E4M3FN, Granularity.PER_BLOCK, (128, 128))
 
-_A_MXFP4 = ActQuant("mx", E2M1)
-_A_MXFP6_E3M2 = ActQuant("mx", E3M2)
-_A_MXFP6_E2M3 = ActQuant("mx", E2M3)
-_A_NVFP4 = ActQuant("nvfp4", E2M1, static=True)
-_A_FP8_STATIC = ActQuant("fp8", E4M3FN, Granularity.PER_TENSOR, static=True)
-_A_FP8_BLOCK = ActQuant("fp8", E4M3FN, Granularity.PER_BLOCK, (1, 128))
+_A_MXFP4 = ActQuant(MX, E2M1)
+_A_MXFP6_E3M2 = ActQuant(MX, E3M2)
+_A_MXFP6_E2M3 = ActQuant(MX, E2M3)
+_A_NVFP4 = ActQuant(NVFP4, E2M1, static=True)
+_A_FP8_STATIC = ActQuant(FP8, E4M3FN, Granularity.PER_TENSOR, static=True)
+_A_FP8_BLOCK = ActQuant(FP8, E4M3FN, Granularity.PER_BLOCK, (1, 128))
 
 SCHEMES: dict[str, Scheme] = {
     s.name: s

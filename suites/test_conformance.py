@@ -9,14 +9,12 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, note, settings, target
 from hypothesis import strategies as st
 
-from harness.backends import Declined, backend_available
-from harness.conformance import (ROUTINGS, case_problem, default_shape, quantizer_cases, quantizer_property,
+from harness.backends import Declined
+from harness.conformance import (ROUTINGS, conformance_cases, default_shape, quantizer_cases, quantizer_property,
                                  run_case, run_drawn_case)
 from harness.platforms import PLATFORMS, detect_platform
 from harness.report import CASE_PROPERTY, case_properties
 from harness.repro import write_case_repro
-from reference.activations import ACTIVATIONS
-from reference.schemes import SCHEMES
 
 
 def _shape():
@@ -39,16 +37,10 @@ def test_conformance(conformance_case, backends, record_property, request):
 
 
 def runnable_cases(backend):
-    """(scheme, activation, platform) combinations this backend supports at this machine's shape and can
-    run here."""
-    out = []
-    shape = _shape()
-    for p in PLATFORMS.values():
-        if not backend_available(backend, p)[0]:
-            continue
-        out += [(s, a, p.name) for s in sorted(SCHEMES) for a in sorted(ACTIVATIONS)
-                if case_problem(backend, SCHEMES[s], ACTIVATIONS[a], p, shape)[1]]
-    return out
+    """(scheme, activation, platform) combinations the conformance suite runs for this backend here (the
+    one decision: harness.conformance.skip_reason)."""
+    return [(case.scheme.name, case.activation.name, case.platform.name)
+            for case, reason in conformance_cases({backend.name: backend}) if reason is None]
 
 
 @pytest.fixture

@@ -10,8 +10,9 @@ import dataclasses
 import pytest
 import torch
 
-from harness.backends import Declined, backend_available, backend_structure
-from harness.conformance import _checkpoint, backend_shape, case_inputs, case_problem, compare_backend, default_shape
+from harness.backends import Declined, backend_structure
+from harness.conformance import (ConformanceCase, case_checkpoint, backend_shape, case_inputs, case_problem, compare_backend,
+                                 default_shape, skip_reason)
 from harness.emulation import moe_emulation
 from harness.platforms import detect_platform
 from harness.special_values import SPECIAL_CASES, padded_rows_leak, poisoned_inputs
@@ -27,7 +28,7 @@ ACT = "SILU"
 
 def _special_run(special, scheme: str, structure, shape, bias: bool):
     host = detect_platform()
-    base = _checkpoint(scheme, ACT, host.fp8_format.name, shape, 0, bias)
+    base = case_checkpoint(scheme, ACT, host.fp8_format.name, shape, 0, bias)
     ckpt = special.checkpoint(base) if special.checkpoint else base
     x, w, ids = case_inputs(shape, 5)
     if special.inputs:
@@ -77,9 +78,10 @@ def test_special_values_through_backends(backend_name, backends, special):
     structure = backend_structure(backend)
     ran, declined = [], []
     for scheme in special.schemes:
-        problem, ok, _ = case_problem(backend, scheme_by_name(scheme), activation_by_name(ACT), host, shape)
-        if not ok or not backend_available(backend, host)[0]:
+        case = ConformanceCase(backend_name, host, scheme_by_name(scheme), activation_by_name(ACT))
+        if skip_reason(backend, case, host):  # the suite's one decision
             continue
+        problem, _, _ = case_problem(backend, case.scheme, case.activation, host, shape)
         ckpt, inputs, out, trace = _special_run(special, scheme, structure, shape,
                                                 problem.has_bias and special.biased)
         if special.poison_padding:

@@ -8,6 +8,7 @@ import torch
 
 from harness.backends import triton_kernels as K
 from harness.backends.triton_kernels import tl, triton
+from harness.platforms import default_device
 from reference.moe import round_bf16 as reference_round_bf16
 
 
@@ -24,7 +25,7 @@ def test_round_bf16_rounds_like_torch_and_keeps_every_nan_a_nan():
     bits = torch.tensor(nan_bits + other_bits, dtype=torch.int64).to(torch.int32)  # wraps to the same bits
     x = bits.view(torch.float32)
     x = torch.cat([x, torch.randn(64) * 10.0 ** torch.randint(-30, 30, (64,)).float()])
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = default_device()
     out = torch.empty_like(x, device=device)
     _round_bf16_kernel[(1,)](x.to(device), out, x.numel(), BLOCK=128)
     out = out.cpu()

@@ -152,8 +152,8 @@ SUITES = [
     "suites/test_activations_routing.py",
     "suites/test_bad_input.py",
     "suites/test_formats_oracle.py",
-    "suites/test_moe_reference.py",
     "suites/test_structures.py",
+    "suites/test_moe_reference.py",
     "suites/test_quantizer_properties.py",
 ]
 

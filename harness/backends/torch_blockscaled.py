@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from harness.platforms import PLATFORMS, default_device, detect_platform
 from harness.layouts import swizzle_scales_128x4
 from reference.activations import apply_activation
 from reference.checkpoints import MoECheckpoint, nvfp4_decode_scale
@@ -18,9 +19,10 @@ from reference.moe import check_moe_inputs, static_activation_scales
 from reference.mx import quantize_mx
 from reference.nvfp4 import quantize_nvfp4
 from reference.packing import pack_fp4
+from reference.quantizers import MX, NVFP4
 from reference.structure import STRUCTURES
 
-_SCHEMES = {"w_mxfp4_a_mxfp4": "mx", "w_nvfp4_a_nvfp4": "nvfp4"}
+_SCHEMES = {"w_mxfp4_a_mxfp4": MX, "w_nvfp4_a_nvfp4": NVFP4}
 
 
 class TorchBlockScaledBackend:
@@ -29,7 +31,7 @@ class TorchBlockScaledBackend:
     numerical_structure = STRUCTURES["rounded_terms"]  # bf16 after each GEMM and the activation; fp32 weighted sum
 
     def __init__(self):
-        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = default_device()
 
     def supports(self, problem, platform) -> tuple[bool, str]:
         if not {"mxfp4", "nvfp4"} <= platform.native_formats or platform.vendor != "nvidia":
@@ -39,20 +41,20 @@ class TorchBlockScaledBackend:
         return True, "torch._scaled_mm block-scaled FP4 (untested on hardware)"
 
     def available(self, platform) -> tuple[bool, str]:
-        if not torch.cuda.is_available() or torch.cuda.get_device_capability(0)[0] < 10:
+        if detect_platform() is not PLATFORMS["sm100"]:
             return False, "needs an sm100 GPU (Blackwell block-scaled FP4); untested on hardware"
         return True, ""
 
     def prepare(self, ckpt: MoECheckpoint):
         dev = self.device
         kind = _SCHEMES[ckpt.scheme.name]
-        sdt = torch.float8_e8m0fnu if kind == "mx" else torch.float8_e4m3fn
+        sdt = torch.float8_e8m0fnu if kind is MX else torch.float8_e4m3fn
 
         def weight(w):
             e, n, kp = w.data.shape
             swz = torch.stack([swizzle_scales_128x4(w.scale[i]) for i in range(e)]).view(sdt)
             g = None
-            if kind == "nvfp4":
+            if kind is NVFP4:
                 g = nvfp4_decode_scale(w.global_scale, ckpt.nvfp4_global_convention).float().to(dev)
             return w.data.to(dev).view(torch.float4_e2m1fn_x2), swz.to(dev), g
 
@@ -62,7 +64,7 @@ class TorchBlockScaledBackend:
 
     def _quantize(self, x, prep, static_scale):
         xc = x.float().cpu()
-        if prep["kind"] == "mx":
+        if prep["kind"] is MX:
             q = quantize_mx(xc, prep["ckpt"].scheme.act.elem)
             codes, scales, g = q.codes, q.scales, None
         else:
@@ -78,7 +80,7 @@ class TorchBlockScaledBackend:
         packed, sa, ga, m = a
         wp, ws, wg = w
         out = torch._scaled_mm(packed, wp[e].t(), scale_a=sa, scale_b=ws[e], out_dtype=torch.float32)[:m]
-        if prep["kind"] == "nvfp4":
+        if prep["kind"] is NVFP4:
             out = out * (ga.to(out.device) * wg[e])
         return out
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from harness.platforms import default_device, detect_platform, has_gpu
 from reference.activations import apply_activation
 from reference.checkpoints import MoECheckpoint
 from reference.fp8 import Granularity
@@ -34,7 +35,7 @@ class TorchFP8Backend:
     numerical_structure = STRUCTURES["rounded_terms"]
 
     def __init__(self):
-        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = default_device()
 
     def supports(self, problem, platform) -> tuple[bool, str]:
         if "fp8" not in platform.native_formats:
@@ -48,9 +49,8 @@ class TorchFP8Backend:
         return True, f"torch._scaled_mm with {platform.fp8_format.name}"
 
     def available(self, platform) -> tuple[bool, str]:
-        if not torch.cuda.is_available():
+        if not has_gpu():
             return False, "needs a GPU with FP8 matrix units (torch._scaled_mm); none here"
-        from harness.platforms import detect_platform
 
         here = detect_platform()
         if here.fp8_format is not platform.fp8_format:

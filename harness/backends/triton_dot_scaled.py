@@ -5,6 +5,8 @@ tl.dot_scaled is not implemented by the Triton interpreter: GPU only."""
 
 from __future__ import annotations
 
+from reference.quantizers import MX
+
 from .triton_emulation import TritonEmulationBackend
 
 _FORMATS = {"e2m1": "e2m1", "e4m3fn": "e4m3"}
@@ -18,7 +20,7 @@ class TritonDotScaledBackend(TritonEmulationBackend):
 
     def supports(self, problem, platform) -> tuple[bool, str]:
         s = problem.scheme
-        if s.weight is None or s.weight.kind != "mx" or s.weight.elem.name not in _FORMATS:
+        if s.weight is None or s.weight.kind is not MX or s.weight.elem.name not in _FORMATS:
             return False, "tl.dot_scaled path: MXFP4 or MXFP8 (E4M3) weights only"
         if s.act is not None:
             return False, "tl.dot_scaled path: bf16 activations (W4A16 / W8A16) only"

@@ -17,13 +17,37 @@ from reference.formats import FloatFormat
 from reference.fp8 import Granularity
 from reference.moe import check_moe_inputs, static_activation_scales
 from reference.mx import ScaleMode
+from harness.platforms import default_device
+from reference.quantizers import FP8, MX, NVFP4
 from reference.structure import STRUCTURES
 
 from . import triton_kernels as K
 from .triton_kernels import triton
 
 _ACT_IDS = {"SILU": 0, "GELU": 1, "GELU_TANH": 2, "RELU2": 3, "SWIGLUOAI": 4, "SWIGLUSTEP": 5, "SITU": 6}
-_W_KIND = {None: 0, "mx": 1, "nvfp4": 2, "fp8": 3}
+_W_KIND = {None: 0, MX: 1, NVFP4: 2, FP8: 3}  # the kernel's W_KIND (triton_kernels.W_BF16 ...)
+
+
+# What the GEMM kernel reads besides the codes, per weight kind: "codes" block-scale codes decoded in the
+# tile (MX E8M0, NVFP4 E4M3), "expert" one fp32 per expert on the accumulator (NVFP4 global decode scale,
+# FP8 per-tensor scale), "block" fp32 128x128 FP8 scales on each K step's partial sum
+def _mx_scales(w, wq, ckpt):
+    return dict(codes=w.scale)
+
+
+def _nvfp4_scales(w, wq, ckpt):
+    return dict(codes=w.scale, expert=nvfp4_decode_scale(w.global_scale, ckpt.nvfp4_global_convention).float())
+
+
+def _fp8_scales(w, wq, ckpt):
+    if wq.granularity is Granularity.PER_TENSOR:
+        return dict(expert=w.scale.reshape(-1).float())
+    if tuple(wq.block_shape) != (128, 128):
+        raise ValueError(f"triton_emulation takes FP8 weight blocks of 128x128, got {wq.block_shape}")
+    return dict(block=w.scale.float())
+
+
+_WEIGHT_SCALES = {MX: _mx_scales, NVFP4: _nvfp4_scales, FP8: _fp8_scales}
 
 
 def _fmt_args(fmt: FloatFormat) -> dict:
@@ -67,10 +91,9 @@ class TritonEmulationBackend:
     numerical_structure = STRUCTURES["rounded_terms"]
     use_dot_scaled = False  # triton_dot_scaled's GEMMs use tl.dot_scaled on the MX weights
     min_block_k = 16
-    swap_ab = False  # triton_dot_scaled: weights as dot_scaled's left operand (see moe_gemm_kernel)
 
     def __init__(self, device: str | None = None):
-        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = device or default_device()
         self.tiles: dict | None = None  # fixed tiles (configure()); None: TILE_TABLE by pair count
         self.last_compiled: dict = {}  # "w13"/"w2" -> the compiled kernel of the last launch (tools/kernel_report.py)
 
@@ -109,31 +132,16 @@ class TritonEmulationBackend:
         dev = self.device
         wq = ckpt.scheme.weight
 
-        def expert_scale(w):
-            if wq is None:
-                return None
-            if wq.kind == "nvfp4":
-                return nvfp4_decode_scale(w.global_scale, ckpt.nvfp4_global_convention).float().contiguous().to(dev)
-            if wq.kind == "fp8" and wq.granularity is Granularity.PER_TENSOR:
-                return w.scale.reshape(-1).float().contiguous().to(dev)
-            return None
-
-        def block_scale(w):
-            if wq is not None and wq.kind == "fp8" and wq.granularity is Granularity.PER_BLOCK:
-                if tuple(wq.block_shape) != (128, 128):
-                    raise ValueError(f"triton_emulation takes FP8 weight blocks of 128x128, got {wq.block_shape}")
-                return w.scale.float().contiguous().to(dev)
-            return None
-
-        def block_codes_scale(w):
-            return w.scale.contiguous().to(dev) if wq is not None and wq.kind in ("mx", "nvfp4") else None
+        scales = {n: ({} if wq is None else _WEIGHT_SCALES[wq.kind](getattr(ckpt, n), wq, ckpt)) for n in ("w13", "w2")}
+        on_dev = lambda t: None if t is None else t.contiguous().to(dev)  # noqa: E731
 
         a1_scale, a2_scale = static_activation_scales(ckpt)
         f32 = lambda t: None if t is None else t.float().contiguous().to(dev)  # noqa: E731
         return Prepared(
-            ckpt, ckpt.w13.data.contiguous().to(dev), block_codes_scale(ckpt.w13), ckpt.w2.data.contiguous().to(dev),
-            block_codes_scale(ckpt.w2), expert_scale(ckpt.w13), expert_scale(ckpt.w2), block_scale(ckpt.w13),
-            block_scale(ckpt.w2), f32(ckpt.b13), f32(ckpt.b2), f32(a1_scale), f32(a2_scale),
+            ckpt, ckpt.w13.data.contiguous().to(dev), on_dev(scales["w13"].get("codes")), ckpt.w2.data.contiguous().to(dev),
+            on_dev(scales["w2"].get("codes")), on_dev(scales["w13"].get("expert")), on_dev(scales["w2"].get("expert")),
+            on_dev(scales["w13"].get("block")), on_dev(scales["w2"].get("block")), f32(ckpt.b13), f32(ckpt.b2),
+            f32(a1_scale), f32(a2_scale),
         )
 
     def forward(self, prepared: Prepared, hidden_states, topk_weights, topk_ids) -> torch.Tensor:
@@ -257,19 +265,24 @@ class TritonEmulationBackend:
         """GEMM operand values (exact in bf16), the A_SCALE mode and its scale tensor."""
         if ckpt_aq is None:
             return x2, 0, x2  # the scale pointer is unused in mode 0
-        if ckpt_aq.kind == "mx":
-            _, _, v = self._mx(x2.float().contiguous(), ckpt_aq.elem, ScaleMode.FLOOR, values=True)
-            return v, 0, v
-        if ckpt_aq.kind == "nvfp4":
-            _, _, v = self._nvfp4(x2.float().contiguous(), static_scale, values=True)
+        return _ACTIVATION_QUANTIZERS[ckpt_aq.kind](self, x2.float().contiguous(), static_scale, ckpt_aq, fmt)
+
+    def _mx_activation(self, x2, static_scale, aq, fmt):
+        _, _, v = self._mx(x2, aq.elem, ScaleMode.FLOOR, values=True)
+        return v, 0, v
+
+    def _nvfp4_activation(self, x2, static_scale, aq, fmt):
+        _, _, v = self._nvfp4(x2, static_scale, values=True)
+        return v, 1, static_scale.reshape(1)
+
+    def _fp8_activation(self, x2, static_scale, aq, fmt):
+        if aq.static:
+            _, _, v = self._fp8(x2, fmt, static_scale, x2.shape[1], values=True)
             return v, 1, static_scale.reshape(1)
-        if ckpt_aq.static:
-            _, _, v = self._fp8(x2.float().contiguous(), fmt, static_scale, x2.shape[1], values=True)
-            return v, 1, static_scale.reshape(1)
-        group = ckpt_aq.block_shape[1]
-        if ckpt_aq.block_shape[0] != 1 or group != 128:
-            raise NotImplementedError(f"dynamic FP8 activation groups other than 1x128: {ckpt_aq.block_shape}")
-        _, s, v = self._fp8(x2.float().contiguous(), fmt, None, group, values=True)
+        group = aq.block_shape[1]
+        if aq.block_shape[0] != 1 or group != 128:
+            raise NotImplementedError(f"dynamic FP8 activation groups other than 1x128: {aq.block_shape}")
+        _, s, v = self._fp8(x2, fmt, None, group, values=True)
         return v, 2, s
 
     def _align(self, topk_ids, num_experts, bm: int):
@@ -306,7 +319,7 @@ class TritonEmulationBackend:
         block_scale = getattr(prep, f"{which}_block_scale")
         bias = prep.b13 if which == "w13" else prep.b2
         n_rows = (2 * n_out if act.gated else n_out) if which == "w13" else n_out
-        elem = None if wq is None else (ckpt.fp8_format if wq.kind == "fp8" else wq.elem)
+        elem = None if wq is None else wq.kind.code_format(wq, ckpt.fp8_format)
         dummy = out
         grid = (block_expert.numel(), triton_cdiv(n_out, tiles["block_n"]))
         self.last_compiled[which] = K.moe_gemm_kernel[grid](
@@ -322,8 +335,12 @@ class TritonEmulationBackend:
             APPLY_ACT=apply_act, HAS_LIMIT=act.limit is not None, BLOCK_M=tiles["block_m"],
             BLOCK_N=tiles["block_n"], BLOCK_K=tiles["block_k"], INTERPRET_DOT=K.INTERPRET,
             DOT_SCALED=self.use_dot_scaled, DS_FMT=self.dot_scaled_format(elem) if self.use_dot_scaled else "e2m1",
-            SWAP_AB=self.use_dot_scaled and self.swap_ab, num_warps=tiles["num_warps"], num_stages=tiles["num_stages"],
+            num_warps=tiles["num_warps"], num_stages=tiles["num_stages"],
         )
+
+
+_ACTIVATION_QUANTIZERS = {MX: TritonEmulationBackend._mx_activation, NVFP4: TritonEmulationBackend._nvfp4_activation,
+                          FP8: TritonEmulationBackend._fp8_activation}
 
 
 def triton_cdiv(a: int, b: int) -> int:

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import os
 
-import torch
+from harness.platforms import has_gpu
 
-if not torch.cuda.is_available():
+if not has_gpu():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import triton  # noqa: E402
@@ -303,26 +303,6 @@ def _dot_scaled_tile(a, w_ptr, ws_ptr, expert, wrow, k0, n_mask, N_ROWS, K, PACK
 
 
 @_device
-def _dot_scaled_lhs_tile(a_t, acc, w_ptr, ws_ptr, expert, wrow, k0, n_mask, N_ROWS, K, PACKED: tl.constexpr,
-                         BLOCK_K: tl.constexpr, DS_FMT: tl.constexpr):
-    """acc [BN, BM] + (MX weight rows `wrow` over [k0, k0 + BK)) @ a_t [BK, BM] via tl.dot_scaled with the
-    weights on the left: codes [BN, BK (/2 packed)], E8M0 scales [BN, BK / 32]; K tails masked."""
-    e64 = expert.to(tl.int64)
-    if PACKED:
-        kk = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-        kp = K // 2
-    else:
-        kk = k0 + tl.arange(0, BLOCK_K)
-        kp = K
-    w = tl.load(w_ptr + e64 * N_ROWS * kp + wrow[:, None].to(tl.int64) * kp + kk[None, :],
-                mask=n_mask[:, None] & (kk < kp)[None, :], other=0)
-    sk = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-    sc = tl.load(ws_ptr + e64 * N_ROWS * (K // 32) + wrow[:, None].to(tl.int64) * (K // 32) + sk[None, :],
-                 mask=n_mask[:, None] & (sk < K // 32)[None, :], other=127)
-    return tl.dot_scaled(w, sc, DS_FMT, a_t, None, "bf16", acc=acc)
-
-
-@_device
 def _dot(a, w, INTERPRET_DOT: tl.constexpr):
     if INTERPRET_DOT:
         return tl.dot(a, tl.trans(w), input_precision="ieee")
@@ -385,7 +365,6 @@ def moe_gemm_kernel(
     GATED: tl.constexpr, INTERLEAVED: tl.constexpr, ACT: tl.constexpr, APPLY_ACT: tl.constexpr,
     HAS_LIMIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     INTERPRET_DOT: tl.constexpr, DOT_SCALED: tl.constexpr = False, DS_FMT: tl.constexpr = "e2m1",
-    SWAP_AB: tl.constexpr = False,
 ):
     """out[pair, n] for BLOCK_M pairs of one expert (rows of a: pair // a_row_div) x BLOCK_N outputs.
 
@@ -414,63 +393,41 @@ def moe_gemm_kernel(
     else:
         g_row = n_offs
         u_row = n_offs
-    if DOT_SCALED and SWAP_AB:
-        # out^T = W a^T: the MX weight tile is dot_scaled's left operand, so its upcast can stay in
-        # registers (a wgmma A operand) instead of going through shared memory as the B operand, and the
-        # few token rows become the MMA's N. Transposed once, after the K loop.
-        acc_gt = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        acc_ut = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            k_offs = k0 + tl.arange(0, BLOCK_K)
-            a = tl.load(a_ptr + a_row[:, None] * K + k_offs[None, :], mask=m_mask[:, None] & (k_offs < K)[None, :],
-                        other=0.0)
-            a_t = tl.trans(a.to(tl.bfloat16))
-            acc_gt = _dot_scaled_lhs_tile(a_t, acc_gt, w_ptr, ws_ptr, expert, g_row, k0, n_mask, N_ROWS, K, PACKED,
-                                          BLOCK_K, DS_FMT)
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k_offs = k0 + tl.arange(0, BLOCK_K)
+        k_mask = k_offs < K
+        a = bf16_to_f32(tl.load(a_ptr + a_row[:, None] * K + k_offs[None, :],
+                                mask=m_mask[:, None] & k_mask[None, :], other=0.0))
+        if DOT_SCALED:
+            pg = _dot_scaled_tile(a, w_ptr, ws_ptr, expert, g_row, k0, n_mask, N_ROWS, K, PACKED, BLOCK_K, DS_FMT)
             if GATED:
-                acc_ut = _dot_scaled_lhs_tile(a_t, acc_ut, w_ptr, ws_ptr, expert, u_row, k0, n_mask, N_ROWS, K,
-                                              PACKED, BLOCK_K, DS_FMT)
-        acc_g = tl.trans(acc_gt)
-        if GATED:
-            acc_u = tl.trans(acc_ut)
-        else:
-            acc_u = acc_g
-    else:
-        acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            k_offs = k0 + tl.arange(0, BLOCK_K)
-            k_mask = k_offs < K
-            a = bf16_to_f32(tl.load(a_ptr + a_row[:, None] * K + k_offs[None, :],
-                                    mask=m_mask[:, None] & k_mask[None, :], other=0.0))
-            if DOT_SCALED:
-                pg = _dot_scaled_tile(a, w_ptr, ws_ptr, expert, g_row, k0, n_mask, N_ROWS, K, PACKED, BLOCK_K, DS_FMT)
-                if GATED:
-                    pu = _dot_scaled_tile(a, w_ptr, ws_ptr, expert, u_row, k0, n_mask, N_ROWS, K, PACKED, BLOCK_K, DS_FMT)
-                else:
-                    pu = pg
+                pu = _dot_scaled_tile(a, w_ptr, ws_ptr, expert, u_row, k0, n_mask, N_ROWS, K, PACKED, BLOCK_K, DS_FMT)
             else:
-                wg = _weight_tile(w_ptr, ws_ptr, expert, g_row, k0, n_mask, N_ROWS, K, W_KIND, PACKED, EBITS,
-                                  MBITS, BIAS, BLOCK_N, BLOCK_K)
-                pg = _dot(a, wg, INTERPRET_DOT)
-                if GATED:
-                    wu = _weight_tile(w_ptr, ws_ptr, expert, u_row, k0, n_mask, N_ROWS, K, W_KIND, PACKED,
-                                      EBITS, MBITS, BIAS, BLOCK_N, BLOCK_K)
-                    pu = _dot(a, wu, INTERPRET_DOT)
-                else:
-                    pu = pg
-            if A_SCALE == 2:
-                sa = tl.load(a_scale_ptr + a_row * (K // 128) + k0 // 128, mask=m_mask, other=0.0)
-                pg = pg * sa[:, None]
-                pu = pu * sa[:, None]
-            if W_BLOCK_SCALE:
-                base = expert.to(tl.int64) * (N_ROWS // 128) * (K // 128) + k0 // 128
-                swg = tl.load(w_block_scale_ptr + base + (g_row // 128) * (K // 128), mask=n_mask, other=0.0)
-                swu = tl.load(w_block_scale_ptr + base + (u_row // 128) * (K // 128), mask=n_mask, other=0.0)
-                pg = pg * swg[None, :]
-                pu = pu * swu[None, :]
-            acc_g += pg
-            acc_u += pu
+                pu = pg
+        else:
+            wg = _weight_tile(w_ptr, ws_ptr, expert, g_row, k0, n_mask, N_ROWS, K, W_KIND, PACKED, EBITS,
+                              MBITS, BIAS, BLOCK_N, BLOCK_K)
+            pg = _dot(a, wg, INTERPRET_DOT)
+            if GATED:
+                wu = _weight_tile(w_ptr, ws_ptr, expert, u_row, k0, n_mask, N_ROWS, K, W_KIND, PACKED,
+                                  EBITS, MBITS, BIAS, BLOCK_N, BLOCK_K)
+                pu = _dot(a, wu, INTERPRET_DOT)
+            else:
+                pu = pg
+        if A_SCALE == 2:
+            sa = tl.load(a_scale_ptr + a_row * (K // 128) + k0 // 128, mask=m_mask, other=0.0)
+            pg = pg * sa[:, None]
+            pu = pu * sa[:, None]
+        if W_BLOCK_SCALE:
+            base = expert.to(tl.int64) * (N_ROWS // 128) * (K // 128) + k0 // 128
+            swg = tl.load(w_block_scale_ptr + base + (g_row // 128) * (K // 128), mask=n_mask, other=0.0)
+            swu = tl.load(w_block_scale_ptr + base + (u_row // 128) * (K // 128), mask=n_mask, other=0.0)
+            pg = pg * swg[None, :]
+            pu = pu * swu[None, :]
+        acc_g += pg
+        acc_u += pu
     if A_SCALE == 1:
         sa1 = tl.load(a_scale_ptr)
         acc_g = acc_g * sa1

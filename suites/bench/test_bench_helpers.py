@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.bench import (MODEL_SHAPES, DequantizeAllBaseline, evaluate_targets, format_targets, moe_flops,
+from harness.bench import (CPU_SHAPE, MODEL_SHAPES, device_checkpoint, DequantizeAllBaseline, evaluate_targets, format_targets, moe_flops,
                            weight_bytes, write_bench_report)
-from reference.checkpoints import dequantize_weight, make_checkpoint
+from reference.checkpoints import check_checkpoint, dequantize_weight, make_checkpoint
+from reference.schemes import SCHEMES
 
 
 @pytest.mark.parametrize("scheme", ["w_mxfp4", "w_nvfp4", "w_fp8_a_fp8", "w_fp8_a_fp8_block", "w_mxfp6_e3m2", "w_mxfp8"])
@@ -53,3 +54,14 @@ def test_targets_are_judged_on_the_fastest_kernel_and_never_on_the_baseline(tmp_
     assert "**no**" not in format_targets([x for x in t.values() if x["met"]])
     paths = write_bench_report(rows, dict(copy_tb_s=4.0, dense_bf16_tflops=800.0, device="test"), tmp_path)
     assert (tmp_path / "roofline.png").read_bytes()[:4] == b"\x89PNG" and paths["targets"].exists()
+
+
+@pytest.mark.parametrize("scheme", sorted(SCHEMES))
+def test_device_checkpoints_hold_valid_finite_codes_of_their_scheme(scheme):
+    """The benchmarks' model-size checkpoints are drawn in checkpoint layout without the reference
+    quantizer: every code must be a finite code of the scheme's own format (MXFP6 once got 8-bit E4M3
+    codes, out of range for E2M3/E3M2)."""
+    ckpt = device_checkpoint(CPU_SHAPE, scheme, "cpu")
+    check_checkpoint(ckpt)
+    for w in (ckpt.w13, ckpt.w2):
+        assert bool(torch.isfinite(dequantize_weight(w, ckpt.scheme.weight, ckpt)).all())

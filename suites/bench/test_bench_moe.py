@@ -19,11 +19,11 @@ from harness.bench import (CPU_SHAPE, MODEL_SHAPES, TOKENS, DequantizeAllBaselin
                            flush_l2, io_bytes, median_ms, moe_flops, routed_inputs, weight_bytes)
 from harness.backends import backend_structure
 from harness.conformance import Shape, backend_shape, compare_backend, reference_run
-from harness.platforms import detect_platform
+from harness.platforms import detect_platform, has_gpu
 from reference.activations import activation_by_name
 from reference.schemes import scheme_by_name
 
-GPU = torch.cuda.is_available()
+GPU = has_gpu()
 BACKENDS = ("triton_emulation", "triton_dot_scaled", "dequantize_all", "torch_fp8")
 ROUNDS = 20
 
@@ -41,7 +41,7 @@ def _cases():
         plan = [(CPU_SHAPE, scheme, tokens) for scheme in ("w_mxfp4", "w_nvfp4", "bf16") for tokens in (1, 8)]
     for shape, scheme, tokens in plan:
         problem = Problem(scheme_by_name(scheme), activation_by_name(shape.activation),
-                          has_bias=shape.activation == "SWIGLUOAI")
+                          has_bias=shape.biased)
         for name in BACKENDS:
             backend = _backend(name)
             ok, reason = backend.supports(problem, host)
@@ -59,7 +59,7 @@ def _correct(name: str, shape_name: str, scheme: str) -> str:
                   intermediate_size=shape.intermediate_size, tokens=16, top_k=min(shape.top_k, 4))
     backend = _backend(name)
     ckpt, inputs, out, trace = reference_run(scheme, shape.activation, "e4m3fn", backend_shape(backend, small), 0,
-                                             backend_structure(backend), shape.activation == "SWIGLUOAI")
+                                             backend_structure(backend), shape.biased)
     result = compare_backend(backend, ckpt, inputs, out, trace, f"{shape_name}/{scheme}/{name}")
     assert result.ok, result.message()
     return result.message()
@@ -86,7 +86,7 @@ def test_moe_forward(case, benchmark, bench_rows):
         ckpt, inputs, _, _ = reference_run(scheme, shape.activation, "e4m3fn",
                                            Shape(shape.num_experts, shape.hidden_size, shape.intermediate_size, tokens,
                                                  shape.top_k), 1, backend_structure(backend),
-                                           shape.activation == "SWIGLUOAI")
+                                           shape.biased)
         prep = backend.prepare(ckpt)
         benchmark.pedantic(lambda: backend.forward(prep, *inputs), rounds=1, iterations=1)
         return
