@@ -115,7 +115,12 @@ def pytest_generate_tests(metafunc):
 
 
 def pytest_collection_modifyitems(config, items):
+    from harness.report import CASE_IDENTITY, case_identity
+
     for item in items:
+        case = getattr(item, "callspec", None) and item.callspec.params.get("conformance_case")
+        if case is not None:  # the report reads each case's identity from here (it crosses xdist)
+            item.user_properties.append((CASE_IDENTITY, case_identity(case)))
         if not any(item.get_closest_marker(m) for m in PLATFORMS):
             for m in PLATFORMS:  # platform-independent: must hold everywhere
                 item.add_marker(getattr(pytest.mark, m))

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from .report import CASE_PROPERTY, CaseResult, parse_case_id, write_report
+from .report import (CASE_IDENTITY, CASE_PROPERTY, CaseResult, platform_backend_counts, platform_backend_worst,
+                     write_report)
 
-CASE_TEST = "test_conformance["  # the parametrized case test in suites/test_conformance.py
 
 
 def pytest_addoption(parser):
@@ -53,10 +53,12 @@ class _Collector:
         self.written: dict[str, Path] = {}
 
     @staticmethod
-    def _case_id(nodeid: str) -> str | None:
-        if CASE_TEST not in nodeid:
-            return None
-        return nodeid.split(CASE_TEST, 1)[1].rsplit("]", 1)[0]
+    def _case(report) -> dict | None:
+        """The case's identity, recorded as data at collection (harness.report.CASE_IDENTITY)."""
+        for key, value in report.user_properties:
+            if key == CASE_IDENTITY:
+                return json.loads(value)
+        return None
 
     @staticmethod
     def _first_line(report) -> str:
@@ -70,11 +72,12 @@ class _Collector:
         return text.strip().splitlines()[-1] if text.strip() else ""
 
     def pytest_runtest_logreport(self, report):
-        case_id = self._case_id(report.nodeid)
-        if case_id is None:
+        case = self._case(report)
+        if case is None:
             self._other(report)
             return
-        platform, scheme, act, backend = parse_case_id(case_id)
+        platform, scheme, act, backend = case["platform"], case["scheme"], case["activation"], case["backend"]
+        case_id = case["id"]
         if report.when == "setup" and report.skipped:
             outcome = "skipped"
         elif report.when == "setup" and report.failed or report.when == "teardown" and report.failed:
@@ -126,12 +129,8 @@ class _Collector:
     def pytest_terminal_summary(self, terminalreporter):
         tr = terminalreporter
         tr.section("conformance summary")
-        table: dict[tuple[str, str], Counter] = {}
-        worst: dict[tuple[str, str], float] = {}
-        for r in self.cases.values():
-            table.setdefault((r.platform, r.backend), Counter())[r.outcome] += 1
-            if r.worst_ulps is not None:
-                worst[(r.platform, r.backend)] = max(worst.get((r.platform, r.backend), 0.0), r.worst_ulps)
+        results = list(self.cases.values())
+        table, worst = platform_backend_counts(results), platform_backend_worst(results)
         tr.write_line(f"{'platform':<8} {'backend':<34} {'passed':>6} {'failed':>6} {'skipped':>7} {'worst ulps':>10}")
         for (p, b), c in sorted(table.items()):
             if c["passed"] + c["failed"] + c["error"] == 0:

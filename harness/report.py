@@ -24,10 +24,12 @@ from pathlib import Path
 
 from .tolerances import RATIO_LOG2_MAX, RATIO_LOG2_MIN, Comparison
 
-__all__ = ["CaseResult", "case_properties", "parse_case_id", "write_report", "load_results", "OUTCOMES"]
+__all__ = ["CaseResult", "case_properties", "case_identity", "write_report", "load_results", "OUTCOMES",
+           "CASE_PROPERTY", "CASE_IDENTITY", "platform_backend_counts", "platform_backend_worst"]
 
 OUTCOMES = ("passed", "failed", "error", "skipped")
 CASE_PROPERTY = "moe_case"  # the user_properties key the conformance test records its result under
+CASE_IDENTITY = "moe_case_identity"  # ... and the key its identity is recorded under at collection
 
 
 @dataclass
@@ -50,13 +52,11 @@ class CaseResult:
         return self.platform, self.scheme, self.activation, self.backend
 
 
-def parse_case_id(case_id: str) -> tuple[str, str, str, str]:
-    """'scheme/activation/backend/platform' (ConformanceCase.id) -> (platform, scheme, activation, backend)."""
-    parts = case_id.split("/")
-    if len(parts) != 4:
-        raise ValueError(f"not a conformance case id (scheme/activation/backend/platform): {case_id!r}")
-    scheme, act, backend, platform = parts
-    return platform, scheme, act, backend
+def case_identity(case) -> str:
+    """What the conformance suite records for each case at collection (a ConformanceCase): the report
+    reads the case from it, never from the test id."""
+    return json.dumps(dict(id=case.id, platform=case.platform.name, scheme=case.scheme.name,
+                           activation=case.activation.name, backend=case.backend_name))
 
 
 def case_properties(comparison: Comparison) -> str:
@@ -85,14 +85,14 @@ def _cell_text(r: CaseResult | None) -> str:
     return "skip"
 
 
-def _counts(results: list[CaseResult]) -> dict[tuple[str, str], Counter]:
+def platform_backend_counts(results: list[CaseResult]) -> dict[tuple[str, str], Counter]:
     counts: dict[tuple[str, str], Counter] = defaultdict(Counter)
     for r in results:
         counts[(r.platform, r.backend)][r.outcome] += 1
     return counts
 
 
-def _worst(results: list[CaseResult]) -> dict[tuple[str, str], float]:
+def platform_backend_worst(results: list[CaseResult]) -> dict[tuple[str, str], float]:
     worst: dict[tuple[str, str], float] = {}
     for r in results:
         if r.worst_ulps is not None:
@@ -152,7 +152,7 @@ def write_histograms(results: list[CaseResult], out_dir: Path) -> dict[str, Path
 
 
 def _summary_rows(results: list[CaseResult]):
-    counts, worst = _counts(results), _worst(results)
+    counts, worst = platform_backend_counts(results), platform_backend_worst(results)
     for (platform, backend), c in sorted(counts.items()):
         w = worst.get((platform, backend))
         yield platform, backend, c["passed"], c["failed"] + c["error"], c["skipped"], "" if w is None else f"{w:.3g}"
