@@ -22,6 +22,7 @@ BUILTIN_BACKENDS: dict[str, str] = {
     "torch_blockscaled": "harness.backends.torch_blockscaled:make_backend",
     "torch_emulation": "harness.backends.torch_emulation:make_backend",
     "aiter": "harness.backends.aiter_model:make_backend",
+    "dequantize_all": "harness.backends.dequantize_all:make_backend",
 }
 ENTRY_POINT_GROUP = "moe_conformance.backends"
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.bench import (CPU_SHAPE, MODEL_SHAPES, device_checkpoint, DequantizeAllBaseline, evaluate_targets, format_targets, moe_flops,
+from harness.backends.dequantize_all import DequantizeAllBaseline
+from harness.bench import (CPU_SHAPE, MODEL_SHAPES, device_checkpoint, evaluate_targets, format_targets, moe_flops,
                            weight_bytes, write_bench_report)
 from reference.checkpoints import check_checkpoint, dequantize_weight, make_checkpoint
 from reference.schemes import SCHEMES
@@ -18,7 +19,7 @@ def test_dequantize_all_baseline_matches_the_reference_bit_for_bit(scheme):
     b = DequantizeAllBaseline(device="cpu")
     prep = b.prepare(ckpt)
     for name, wq in (("w13", ckpt.w13), ("w2", ckpt.w2)):
-        got = b._dequantize(prep["weights"][name], ckpt, prep["luts"])
+        got = b._dequantize(prep.weights[name], ckpt, prep.luts)
         assert torch.equal(got, dequantize_weight(wq, ckpt.scheme.weight, ckpt).to(torch.bfloat16)), name
 
 

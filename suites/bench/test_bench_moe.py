@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from harness.backends import Problem, load_backend
-from harness.bench import (CPU_SHAPE, MODEL_SHAPES, TOKENS, DequantizeAllBaseline, capture, device_checkpoint,
+from harness.bench import (CPU_SHAPE, MODEL_SHAPES, TOKENS, capture, device_checkpoint,
                            flush_l2, io_bytes, median_ms, moe_flops, routed_inputs, weight_bytes)
 from harness.backends import backend_structure
 from harness.conformance import Shape, backend_shape, compare_backend, reference_run
@@ -30,7 +30,7 @@ ROUNDS = 20
 
 @functools.lru_cache(maxsize=None)
 def _backend(name: str):
-    return DequantizeAllBaseline() if name == "dequantize_all" else load_backend(name)
+    return load_backend(name)
 
 
 def _cases():

@@ -1,0 +1,69 @@
+"""The benchmark report: bench/results.json, table.md, targets.md and roofline.png from one run's rows."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .targets import evaluate_targets, format_targets
+
+__all__ = ["write_bench_report"]
+
+
+def write_bench_report(rows: list[dict], anchors: dict, out_dir) -> dict:
+    """bench/results.json, bench/table.md and bench/roofline.png from the benchmark rows."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(dict(anchors=anchors, rows=rows), indent=1))
+    lines = [f"Copy bandwidth {anchors.get('copy_tb_s', 0):.2f} TB/s, bf16 dense matmul "
+             f"{anchors.get('dense_bf16_tflops', 0):.0f} TFLOP/s (measured in this run); {anchors.get('device', '')}", "",
+             "| model | scheme | tokens | backend | median us | TB/s | % copy | TFLOP/s | % dense |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: (r["model"], r["scheme"], r["tokens"], r["backend"])):
+        lines.append(f"| {r['model']} | {r['scheme']} | {r['tokens']} | {r['backend']} | {r['us']:.1f} | "
+                     f"{r['tb_s']:.2f} | {r['pct_copy']:.1f} | {r['tflops']:.1f} | {r['pct_dense']:.1f} |")
+    (out / "table.md").write_text("\n".join(lines) + "\n")
+    paths = dict(json=out / "results.json", table=out / "table.md", targets=out / "targets.md")
+    targets = evaluate_targets(rows, anchors)
+    paths["targets"].write_text(format_targets(targets))
+    if rows and anchors.get("copy_tb_s"):
+        paths["roofline"] = _roofline(rows, anchors, out / "roofline.png")
+    return paths
+
+
+def _series(row: dict) -> str:
+    """The plot's series: the backend, with the unquantized baseline apart from the quantized runs."""
+    return f"bf16 unquantized ({row['backend']})" if row["scheme"] == "bf16" else row["backend"]
+
+
+def _roofline(rows: list[dict], anchors: dict, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bw, peak = anchors["copy_tb_s"] * 1e12, anchors["dense_bf16_tflops"] * 1e12
+    fig, ax = plt.subplots(figsize=(9, 6), dpi=110)
+    xs = [r["flops"] / r["bytes"] for r in rows]
+    lo, hi = min(xs) / 2, max(xs) * 2
+    grid = [lo * (hi / lo) ** (i / 200) for i in range(201)]
+    ax.plot(grid, [min(bw * x, peak) / 1e12 for x in grid], "k-", linewidth=1, label="roofline (measured copy BW, bf16 dense)")
+    markers = dict(zip(sorted({r["model"] for r in rows}), "osD^v"))
+    colours = {b: f"C{i}" for i, b in enumerate(sorted({_series(r) for r in rows}))}
+    for r in rows:
+        ax.scatter(r["flops"] / r["bytes"], r["tflops"], marker=markers[r["model"]], color=colours[_series(r)], s=22)
+    for b, c in colours.items():
+        ax.scatter([], [], color=c, label=b)
+    for m, mk in markers.items():
+        ax.scatter([], [], marker=mk, color="grey", label=m)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP per byte of activated weights + activations)")
+    ax.set_ylabel("achieved TFLOP/s")
+    ax.set_title(f"MoE forward on {anchors.get('device', 'GPU')}: every backend, shape, scheme and token count", fontsize=9)
+    ax.legend(fontsize=7, loc="lower right")
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path

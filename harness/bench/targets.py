@@ -1,0 +1,98 @@
+"""Benchmark targets as data (issue 15's, on the H200): each names a scheme, token counts, a metric read
+off one run's rows and a goal. A target is judged on the fastest kernel backend of its case; the
+dequantize-all baseline is a reference point, never the candidate. Changing a goal is one line here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+__all__ = ["Target", "TARGETS", "evaluate_targets", "format_targets", "BASELINE"]
+
+BASELINE = "dequantize_all"
+DECODE = (8, 64)
+DECODE_MODELS = ("gpt-oss-120b", "kimi-k2")
+
+
+def _best(rows, model, scheme, tokens, backend: str | None = None):
+    cands = [r for r in rows if r["model"] == model and r["scheme"] == scheme and r["tokens"] == tokens
+             and (r["backend"] == backend if backend else r["backend"] != BASELINE)]
+    return min(cands, key=lambda r: r["us"]) if cands else None
+
+
+# metrics: (rows, model, scheme, tokens) -> (value, case words) or None where the run lacks the rows
+def _pct_copy(rows, model, scheme, t):
+    b = _best(rows, model, scheme, t)
+    return (b["pct_copy"], f"{model} T={t} ({b['backend']})") if b else None
+
+
+def _pct_dense(rows, model, scheme, t):
+    b = _best(rows, model, scheme, t)
+    return (b["pct_dense"], f"{model} {scheme} ({b['backend']})") if b else None
+
+
+def _faster_than(baseline_scheme: str | None, baseline_backend: str | None):
+    def metric(rows, model, scheme, t):
+        b = _best(rows, model, scheme, t)
+        base = _best(rows, model, baseline_scheme or scheme, t, baseline_backend)
+        return (base["us"] / b["us"], f"{model} {scheme} T={t} ({b['backend']})") if b and base else None
+
+    return metric
+
+
+def _time_vs_mxfp4(rows, model, scheme, t):
+    nv, mx = _best(rows, model, scheme, t), _best(rows, model, "w_mxfp4", t)
+    return (nv["us"] / mx["us"], f"{model} {scheme} T={t} ({nv['backend']} vs {mx['backend']})") if nv and mx else None
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    schemes: tuple[str, ...]
+    tokens: tuple[int, ...]
+    metric: Callable
+    goal: float
+    unit: str = ""
+    at_most: bool = False  # the value must not exceed the goal (a time ratio), else reach it
+    models: tuple[str, ...] | None = None  # None: every model of the run
+
+    def met(self, value: float) -> bool:
+        return value <= self.goal if self.at_most else value >= self.goal
+
+
+TARGETS: tuple[Target, ...] = (
+    Target("MXFP4 W4A16 decode: % of copy bandwidth", ("w_mxfp4",), DECODE, _pct_copy, 75, "%", models=DECODE_MODELS),
+    Target("MXFP4 W4A16 1 token: % of copy bandwidth", ("w_mxfp4",), (1,), _pct_copy, 40, "%", models=DECODE_MODELS),
+    Target("decode: x faster than bf16 unquantized", ("w_mxfp4",), DECODE, _faster_than("bf16", None), 2.5, "x"),
+    Target("decode: x faster than dequantize-all", ("w_mxfp4", "w_nvfp4"), DECODE, _faster_than(None, BASELINE), 10, "x"),
+    Target("NVFP4 time / MXFP4 W4A16 time", ("w_nvfp4", "w_nvfp4_a_nvfp4"), (1, *DECODE), _time_vs_mxfp4, 1.15, "x",
+           at_most=True),
+    Target("prefill T=8192 bf16: % of dense bf16 matmul", ("bf16",), (8192,), _pct_dense, 60, "%"),
+    Target("prefill T=8192 FP4: % of dense bf16 matmul", ("w_mxfp4", "w_nvfp4", "w_nvfp4_a_nvfp4"), (8192,),
+           _pct_dense, 50, "%"),
+)
+
+
+def evaluate_targets(rows: list[dict], anchors: dict, targets: tuple[Target, ...] = TARGETS) -> list[dict]:
+    """Each target on each case the run has rows for: dict(target, case, value, goal, met, unit, at_most)."""
+    out = []
+    models = sorted({r["model"] for r in rows})
+    for target in targets:
+        for model in target.models or models:
+            for scheme in target.schemes:
+                for t in target.tokens:
+                    found = target.metric(rows, model, scheme, t)
+                    if found:
+                        value, case = found
+                        out.append(dict(target=target.name, case=case, value=value, goal=target.goal,
+                                        met=target.met(value), unit=target.unit, at_most=target.at_most))
+    return out
+
+
+def format_targets(targets: list[dict]) -> str:
+    lines = ["| target | case | measured | goal | met |", "|---|---|---|---|---|"]
+    for t in targets:
+        goal = f"{'<=' if t['at_most'] else '>='} {t['goal']}"
+        lines.append(f"| {t['target']} | {t['case']} | {t['value']:.3g}{t['unit']} | {goal}{t['unit']} | "
+                     f"{'yes' if t['met'] else '**no**'} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,104 @@
+"""GPU timing for the benchmarks: a CUDA-event timer for pytest-benchmark, an L2 flush between rounds,
+CUDA-graph capture, and the copy-bandwidth and dense-matmul anchors measured in the same run.
+
+Each round replays a CUDA graph of the backend's launch (no host work, no syncs) after an L2 flush (a 256
+MB write), timed with CUDA events: `--benchmark-timer=harness.bench.cuda_event_timer` makes
+pytest-benchmark's own statistics (min, median, ...) GPU times. Backends without a graph-capturable launch
+are timed the same way, eagerly.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import torch
+
+from harness.platforms import has_gpu
+
+__all__ = ["cuda_event_timer", "flush_l2", "capture", "median_ms", "copy_bandwidth", "dense_bf16_tflops", "anchors"]
+
+_T0: list = []
+
+
+def cuda_event_timer() -> float:
+    """Seconds on the GPU's clock since the first call: records a CUDA event and waits for it. Two calls
+    around a launch measure the GPU time between them (what pytest-benchmark's round time becomes).
+    Falls back to perf_counter without a GPU."""
+    if not has_gpu():
+        return time.perf_counter()
+    ev = torch.cuda.Event(enable_timing=True)
+    ev.record()
+    ev.synchronize()
+    if not _T0:
+        _T0.append(ev)
+        return 0.0
+    return _T0[0].elapsed_time(ev) / 1e3
+
+
+@functools.lru_cache(maxsize=1)
+def _l2_buffer():
+    return torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+
+
+def flush_l2() -> None:
+    """Write 256 MB (H200's L2 is 50 MB): the next round reads its weights from HBM."""
+    if has_gpu():
+        _l2_buffer().zero_()
+
+
+def capture(fn, warmup: int = 2):
+    """A CUDA graph of fn() (after warm-up launches on a side stream, as torch requires): returns
+    (replay, the output tensor that each replay rewrites)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph.replay, out
+
+
+def median_ms(fn, rounds: int = 50) -> float:
+    """Median CUDA-event time of fn() over rounds, each after an L2 flush."""
+    times = []
+    for _ in range(rounds):
+        flush_l2()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    times.sort()
+    return times[len(times) // 2]
+
+
+@functools.lru_cache(maxsize=1)
+def copy_bandwidth() -> float:
+    """Device-to-device copy bandwidth in bytes/s (read + write of 2 GB, median), this GPU, now."""
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = median_ms(lambda: dst.copy_(src), rounds=20)
+    return 2 * src.numel() / (ms / 1e3)
+
+
+@functools.lru_cache(maxsize=1)
+def dense_bf16_tflops() -> float:
+    """bf16 dense matmul throughput (8192^3, torch.matmul, median), this GPU, now."""
+    n = 8192
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    ms = median_ms(lambda: a @ b, rounds=20)
+    return 2 * n**3 / (ms / 1e3) / 1e12
+
+
+def anchors() -> dict:
+    """The run's reference points (measured now, on this GPU)."""
+    if not has_gpu():
+        return {}
+    return dict(device=torch.cuda.get_device_name(0), torch=torch.__version__,
+                copy_tb_s=copy_bandwidth() / 1e12, dense_bf16_tflops=dense_bf16_tflops())
