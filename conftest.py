@@ -31,7 +31,7 @@ def _shared_database(local):
         return local
     from hypothesis.database import GitHubArtifactDatabase, MultiplexedDatabase, ReadOnlyDatabase
 
-    from harness.matrix import nightly_matrix
+    from harness.outputs.matrix import nightly_matrix
 
     owner, _, name = repo.partition("/")
     shared = [ReadOnlyDatabase(GitHubArtifactDatabase(owner, name, artifact_name=leg["hypothesis-db"]))
@@ -56,7 +56,7 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 
-pytest_plugins = ["harness.pytest_plugin"]  # --report DIR: the conformance report
+pytest_plugins = ["harness.outputs.pytest_plugin"]  # --report DIR: the conformance report
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # One thread per xdist worker: workers x torch threads on few cores thrash (seen: 2x slower).
@@ -99,7 +99,7 @@ def pytest_configure(config):
 
 def pytest_generate_tests(metafunc):
     if "conformance_case" in metafunc.fixturenames or "backend_name" in metafunc.fixturenames:
-        from harness.conformance import conformance_cases
+        from harness.core.conformance import conformance_cases
 
         backends = metafunc.config.moe_backends
         if "backend_name" in metafunc.fixturenames:
@@ -115,7 +115,7 @@ def pytest_generate_tests(metafunc):
 
 
 def pytest_collection_modifyitems(config, items):
-    from harness.report import CASE_IDENTITY, case_identity
+    from harness.outputs.report import CASE_IDENTITY, case_identity
 
     for item in items:
         case = getattr(item, "callspec", None) and item.callspec.params.get("conformance_case")

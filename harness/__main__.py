@@ -77,7 +77,7 @@ def _platforms(args) -> int:
 
 def _oracle(args) -> int:
     from harness.backends import registered_backends
-    from harness.oracle import ORACLE_TABLE_PATH, all_platforms, format_oracle_table
+    from harness.core.oracle import ORACLE_TABLE_PATH, all_platforms, format_oracle_table
     from harness.platforms import platform_by_name
 
     platforms = all_platforms() if args.all else [platform_by_name(args.platform)]
@@ -94,14 +94,14 @@ def _oracle(args) -> int:
 
 
 def _catalog(args) -> int:
-    """Hunt every catalog mutant with the conformance checks (harness.catalog.hunt) and say which check
+    """Hunt every catalog mutant with the conformance checks (harness.detection.catalog.hunt) and say which check
     caught it and how long it took; the control must survive every check."""
     import os
 
     os.environ.setdefault("TRITON_INTERPRET", "1")
     import torch
 
-    from harness.catalog import CATALOG_PLATFORMS, CONTROL, MUTANTS, hunt, make_mutant
+    from harness.detection.catalog import CATALOG_PLATFORMS, CONTROL, MUTANTS, hunt, make_mutant
     from reference.structure import STRUCTURES
 
     torch.set_num_threads(1)
@@ -158,7 +158,7 @@ def _backends(args) -> int:
 
 
 def _matrix(_args) -> int:
-    from harness.matrix import nightly_matrix_json
+    from harness.outputs.matrix import nightly_matrix_json
 
     print(nightly_matrix_json())
     return 0

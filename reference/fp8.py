@@ -19,18 +19,8 @@ from typing import NamedTuple
 
 import torch
 
-from .formats import (
-    E4M3FN,
-    E4M3FNUZ,
-    E5M2,
-    FloatFormat,
-    Overflow,
-    check_codes,
-    check_float_input,
-    check_int,
-    decode,
-    encode_finite,
-)
+from .formats import E4M3FN, E4M3FNUZ, E5M2, FloatFormat, Overflow, check_codes, check_float_input, check_int, decode
+from .formats import encode_finite
 
 __all__ = [
     "FP8_FORMATS",

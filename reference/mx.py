@@ -23,25 +23,8 @@ from typing import NamedTuple
 
 import torch
 
-from .formats import (
-    E2M1,
-    E2M3,
-    E3M2,
-    E4M3FN,
-    E5M2,
-    E8M0,
-    FloatFormat,
-    Overflow,
-    check_codes,
-    check_float_input,
-    check_int,
-    decode,
-    encode_finite,
-    floor_log2,
-    ldexp_exact,
-    round_to_format_grid,
-    exp2_int,
-)
+from .formats import E2M1, E2M3, E3M2, E4M3FN, E5M2, E8M0, FloatFormat, Overflow, check_codes, check_float_input
+from .formats import check_int, decode, encode_finite, exp2_int, floor_log2, ldexp_exact, round_to_format_grid
 
 __all__ = [
     "ScaleMode",

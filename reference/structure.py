@@ -3,7 +3,7 @@ router weight, how it evaluates the activation, how it sums the top-k terms, how
 activation scale. Correct kernels differ in every one of these (see NUMERICS.md, "Where real MoE kernels
 round"), and a difference of structure moves outputs by about one bf16 ulp on a tenth of the elements:
 more than a tight bound allows. So the structure is declared by the backend, the reference MoE computes
-with it, and the derived bound follows it (harness.tolerances.moe_error_bound).
+with it, and the derived bound follows it (harness.core.tolerances.moe_error_bound).
 
 Per (token t, expert e, router weight w) pair, with rnd_P the rounding to precision P:
   h = rnd_gemm1(W13 a1 + b13)            [GEMM1_EPILOGUE: rnd_gemm1(w * (W13 a1 + b13))]

@@ -1,4 +1,4 @@
-"""Detection power, in `make test`: every seeded-bug backend of the catalog (harness.catalog) fails the
+"""Detection power, in `make test`: every seeded-bug backend of the catalog (harness.detection.catalog) fails the
 conformance suite's own checks under every declared numerical structure, and the correct base they all
 wrap passes every one of them under each structure - so each mutant is caught for its bug, whatever
 structure the kernel has. `python -m harness catalog` prints the same hunt as a table."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.catalog import CONTROL, MUTANTS, hunt, make_mutant
+from harness.detection.catalog import CONTROL, MUTANTS, hunt, make_mutant
 from reference.structure import STRUCTURES
 
 
@@ -32,7 +32,7 @@ def test_control_passes_every_check(structure):
 
 def test_the_fp8_bias_bug_fails_most_elements_of_every_biased_case():
     """vLLM's bias-before-dequantization bug (PR 31676) must not hide among 8 of 32768 elements."""
-    from harness.conformance import SHAPES, conformance_cases, run_case
+    from harness.core.conformance import SHAPES, conformance_cases, run_case
     from harness.platforms import PLATFORMS
 
     mutant = make_mutant("fp8_bias_before_dequantization")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from harness.matrix import HYPOTHESIS_DB_ARTIFACT, nightly_matrix
+from harness.outputs.matrix import HYPOTHESIS_DB_ARTIFACT, nightly_matrix
 from harness.platforms import PLATFORMS
 
 ROOT = Path(__file__).resolve().parent.parent

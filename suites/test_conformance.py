@@ -1,6 +1,6 @@
 """The conformance suite: every backend x platform x scheme x activation against the reference computed
 with the backend's declared numerical structure, within the derived bound. Unsupported combinations are
-skipped with the backend's reason (decided in harness.conformance.skip_reason, at collection); a
+skipped with the backend's reason (decided in harness.core.conformance.skip_reason, at collection); a
 checkpoint that prepare() declines (NotImplementedError) is a skip with its reason, in every test here."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from hypothesis import HealthCheck, assume, example, given, note, settings, targ
 from hypothesis import strategies as st
 
 from harness.backends import Declined
-from harness.conformance import (ROUTINGS, conformance_cases, default_shape, quantizer_cases, quantizer_property,
+from harness.core.conformance import (ROUTINGS, conformance_cases, default_shape, quantizer_cases, quantizer_property,
                                  run_case, run_drawn_case)
 from harness.platforms import PLATFORMS, detect_platform
-from harness.report import CASE_PROPERTY, case_properties
-from harness.repro import write_case_repro
+from harness.outputs.report import CASE_PROPERTY, case_properties
+from harness.outputs.repro import write_case_repro
 
 
 def _shape():
@@ -27,7 +27,7 @@ def test_conformance(conformance_case, backends, record_property, request):
         result = run_case(backend, conformance_case, _shape())
     except Declined as declined:  # a declared limitation, reported, never a wrong answer
         pytest.skip(str(declined))
-    record_property(CASE_PROPERTY, case_properties(result))  # for the report (harness.pytest_plugin)
+    record_property(CASE_PROPERTY, case_properties(result))  # for the report (harness.outputs.pytest_plugin)
     repro_dir = request.config.getoption("--repro")
     if not result.ok and repro_dir:
         spec = request.config.moe_backend_specs.get(backend.name, backend.name)
@@ -38,7 +38,7 @@ def test_conformance(conformance_case, backends, record_property, request):
 
 def runnable_cases(backend):
     """(scheme, activation, platform) combinations the conformance suite runs for this backend here (the
-    one decision: harness.conformance.skip_reason)."""
+    one decision: harness.core.conformance.skip_reason)."""
     return [(case.scheme.name, case.activation.name, case.platform.name)
             for case, reason in conformance_cases({backend.name: backend}) if reason is None]
 
@@ -86,7 +86,7 @@ def test_conformance_hypothesis(backend_name, backends, runnable, case, seed, to
 def test_backend_quantizer_entry_points_are_bit_exact(backend_name, backends):
     """Optional entry points (quantize_mx / quantize_nvfp4 / quantize_fp8) must return the reference's
     bytes: codes and scales, bit for bit. NotImplementedError from an entry point means unsupported.
-    (The Hypothesis property lives in harness.conformance: the seeded-bug catalog runs it too.)"""
+    (The Hypothesis property lives in harness.core.conformance: the seeded-bug catalog runs it too.)"""
     backend = backends[backend_name]
     if not quantizer_cases(backend):
         pytest.skip(f"{backend_name} exposes no quantizer entry points")

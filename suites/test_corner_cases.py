@@ -2,7 +2,7 @@
 
 import pytest
 
-from harness.strategies import CORNER_CASES
+from harness.inputs.strategies import CORNER_CASES
 
 
 @pytest.mark.parametrize("case", CORNER_CASES, ids=lambda c: c.name)

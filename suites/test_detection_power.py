@@ -1,5 +1,5 @@
 """The suites can fail: every reference mutant in tools/mutate_reference.py is caught (one test per
-mutant, so that xdist spreads them over the workers). The backend catalog (harness/catalog.py) is
+mutant, so that xdist spreads them over the workers). The backend catalog (harness/detection/catalog.py) is
 asserted in suites/test_catalog.py."""
 
 import importlib.util

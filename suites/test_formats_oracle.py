@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from harness.strategies import all_bf16_as_fp32, random_fp32_near
+from harness.inputs.strategies import all_bf16_as_fp32, random_fp32_near
 from reference import formats as F
 
 ml_dtypes = pytest.importorskip("ml_dtypes", reason="ml_dtypes is the test oracle: pip install '.[test]'")

@@ -12,10 +12,10 @@ import torch
 
 from harness.backends import BUILTIN_BACKENDS, backend_structure, load_backend, registered_backends
 from harness.backends.base import Problem
-from harness.conformance import SHAPES, ConformanceCase, reference_run, run_case
-from harness.oracle import ORACLE_TABLE_PATH, NoBackendError, all_platforms, choose_backend, format_oracle_table
+from harness.core.conformance import SHAPES, ConformanceCase, reference_run, run_case
+from harness.core.oracle import ORACLE_TABLE_PATH, NoBackendError, all_platforms, choose_backend, format_oracle_table
 from harness.platforms import PLATFORMS, detect_platform, has_gpu, platform_by_name
-from harness.tolerances import compare, moe_error_bound
+from harness.core.tolerances import compare, moe_error_bound
 from reference.activations import ACTIVATIONS, activation_by_name
 from reference.formats import E4M3FN, E4M3FNUZ
 from reference.schemes import SCHEMES, scheme_by_name

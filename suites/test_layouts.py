@@ -5,7 +5,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.layouts import swizzle_scales_128x4, unswizzle_scales_128x4
+from harness.backends.layouts import swizzle_scales_128x4, unswizzle_scales_128x4
 
 
 def test_swizzle_places_each_scale_where_the_formula_says():

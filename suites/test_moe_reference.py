@@ -8,9 +8,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.emulation import moe_emulation
-from harness.mutations import rows_by_step_size, step_one_weight_code
-from harness.tolerances import compare, moe_error_bound
+from harness.backends.emulation import moe_emulation
+from harness.inputs.mutations import rows_by_step_size, step_one_weight_code
+from harness.core.tolerances import compare, moe_error_bound
 from reference.activations import ACTIVATIONS
 from reference.checkpoints import make_checkpoint
 from reference.formats import E4M3FNUZ

@@ -11,7 +11,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from harness.peers.torchao_adapter import torchao_available, torchao_quantize_mx, torchao_quantize_nvfp4
-from harness.strategies import mx_tensor
+from harness.inputs.strategies import mx_tensor
 from reference.formats import E2M1
 from reference.mx import MX_ELEMENT_FORMATS, ScaleMode, quantize_mx
 from reference.nvfp4 import NVFP4Variant, quantize_nvfp4

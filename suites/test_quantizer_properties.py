@@ -9,7 +9,7 @@ import torch
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from harness.strategies import fp32_values, mx_tensor
+from harness.inputs.strategies import fp32_values, mx_tensor
 from reference import formats as F
 from reference.fp8 import FP8_FORMATS, Granularity, dequantize_fp8, qdq_fp8, quantize_fp8
 from reference.mx import MX_ELEMENT_FORMATS, ScaleMode, dequantize_mx, mx_shared_exponent, qdq_mx, quantize_mx

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.report import CaseResult, load_results, write_report
+from harness.outputs.report import CaseResult, load_results, write_report
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -1,4 +1,4 @@
-"""Special values through backends (harness.special_values): NaN, 2^-127 and 2^127 E8M0 block scales, NVFP4
+"""Special values through backends (harness.inputs.special_values): NaN, 2^-127 and 2^127 E8M0 block scales, NVFP4
 block scales 0 and 448, FP8 weight scales 2^-100 and 2^50, and NaN/Inf rows past the real tokens. The
 comparison holds NaN and Inf outputs to the reference's places and signs. Each case is first shown to
 fail the plausible wrong answer it names, so a pass means something."""
@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from harness.backends import Declined, backend_structure
-from harness.conformance import (ConformanceCase, case_checkpoint, backend_shape, case_inputs, case_problem, compare_backend,
+from harness.core.conformance import (ConformanceCase, case_checkpoint, backend_shape, case_inputs, case_problem, compare_backend,
                                  default_shape, skip_reason)
-from harness.emulation import moe_emulation
+from harness.backends.emulation import moe_emulation
 from harness.platforms import detect_platform
-from harness.special_values import SPECIAL_CASES, padded_rows_leak, poisoned_inputs
-from harness.tolerances import compare, moe_error_bound
+from harness.inputs.special_values import SPECIAL_CASES, padded_rows_leak, poisoned_inputs
+from harness.core.tolerances import compare, moe_error_bound
 from reference.activations import activation_by_name
 from reference.moe import fused_moe
 from reference.schemes import scheme_by_name

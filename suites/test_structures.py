@@ -15,12 +15,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.backends import backend_structure, registered_backends
-from harness.catalog import CONTROL, make_mutant
-from harness.conformance import ROUTINGS, SHAPES, case_inputs, run_drawn_case
+from harness.detection.catalog import CONTROL, make_mutant
+from harness.core.conformance import ROUTINGS, SHAPES, case_inputs, run_drawn_case
 from harness.platforms import PLATFORMS
-from harness.emulation import moe_emulation
-from harness.special_values import SPECIAL_CASES
-from harness.tolerances import compare, moe_error_bound
+from harness.backends.emulation import moe_emulation
+from harness.inputs.special_values import SPECIAL_CASES
+from harness.core.tolerances import compare, moe_error_bound
 from reference.activations import ACTIVATIONS
 from reference.checkpoints import make_checkpoint
 from reference.fp8 import ScaleApply
@@ -77,7 +77,7 @@ def test_an_independent_emulation_of_each_structure_passes(name):
 )
 def test_an_independent_emulation_of_each_structure_passes_the_hypothesis_run(name, scheme, act, platform, seed,
                                                                              tokens, top_k, routing):
-    """The conformance suite's own Hypothesis case (harness.conformance.run_drawn_case) on the catalog's
+    """The conformance suite's own Hypothesis case (harness.core.conformance.run_drawn_case) on the catalog's
     correct base declaring and computing each structure."""
     control = make_mutant(CONTROL.name, name)
     result = run_drawn_case(control, scheme, act, PLATFORMS[platform], SHAPES["cpu"], seed, tokens, top_k, routing)

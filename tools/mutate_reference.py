@@ -125,19 +125,19 @@ MUTANTS = {
         "reference MoE applies the router weight again in the sum after a GEMM epilogue applied it",
     ),
     "bound_sequential_sum_unrounded": (
-        "harness/tolerances.py",
+        "harness/core/tolerances.py",
         "            d = _through_rounding(d + d_term[:, j] + product, trace.acc_pre[:, j], st.gemm2_out)\n",
         "            d = d + d_term[:, j] + product\n",
         "the bound forgets that a sequential bf16 sum rounds after every add (too tight: fails correct kernels)",
     ),
     "bound_no_rounding_allowance": (
-        "harness/tolerances.py",
+        "harness/core/tolerances.py",
         "    return torch.maximum(round_to(pre + d, precision) - r, r - round_to(pre - d, precision))\n",
         "    return torch.zeros_like(d)\n",
         "the bound forgets that both sides round to bf16 (too tight: fails correct kernels)",
     ),
     "bound_inflated": (
-        "harness/tolerances.py",
+        "harness/core/tolerances.py",
         "    return ErrorBound(_through_rounding(d, trace.out_pre, Precision.BF16))\n",
         "    return ErrorBound(64 * _through_rounding(d, trace.out_pre, Precision.BF16) + 0.05 * trace.out.abs())\n",
         "a bound 64x too loose plus 5% (passes wrong kernels)",

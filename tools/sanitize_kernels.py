@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from harness.backends.triton_emulation import TritonEmulationBackend  # noqa: E402
-from harness.conformance import Shape, case_inputs  # noqa: E402
+from harness.core.conformance import Shape, case_inputs  # noqa: E402
 from reference.checkpoints import make_checkpoint  # noqa: E402
 from reference.formats import E2M1, E4M3FN  # noqa: E402
 from reference.fp8 import Granularity  # noqa: E402

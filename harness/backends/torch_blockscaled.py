@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from harness.platforms import PLATFORMS, default_device, detect_platform
-from harness.layouts import swizzle_scales_128x4
+from harness.backends.layouts import swizzle_scales_128x4
 from reference.activations import apply_activation
 from reference.checkpoints import MoECheckpoint, nvfp4_decode_scale
 from reference.moe import check_moe_inputs, static_activation_scales

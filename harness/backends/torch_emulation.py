@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from harness.emulation import moe_emulation
+from harness.backends.emulation import moe_emulation
 from reference.checkpoints import MoECheckpoint
 from reference.structure import STRUCTURES
 

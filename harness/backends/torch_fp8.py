@@ -28,7 +28,7 @@ class TorchFP8Backend:
     # the H200 (tools/probe_fp8_accumulation.py, results/gpu-issue6) max |error| / sum|a||w| = 1.7e-4 at
     # K=128 and at most 2.7e-4 for K up to 8192 with or without fast accumulation, about K-independent
     # (a narrow adder per k-chunk, promoted to fp32). Declared: 2^-11 = 4.9e-4, which also covers a
-    # chunk sum truncated to 12 significand bits (harness.emulation's narrow_accumulator, tested on CPU).
+    # chunk sum truncated to 12 significand bits (harness.backends.emulation's narrow_accumulator, tested on CPU).
     accumulation_error = 2.0**-11
     # _scaled_mm rounds each GEMM's scaled fp32 accumulator to bf16; the activation is fp32, rounded once;
     # the weighted top-k sum is fp32 over the rounded rows; activations are quantized as x / scale

@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from .targets import evaluate_targets, format_targets
 
-__all__ = ["write_bench_report"]
+__all__ = ["write_bench_report", "write_results_json"]
+
+
+def write_results_json(name: str, payload: dict) -> Path:
+    """$OUT/<name> (or results/<name>): where the GPU tools leave their JSON."""
+    out = Path(os.environ.get("OUT", "results")) / name
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(payload, indent=1))
+    return out
 
 
 def write_bench_report(rows: list[dict], anchors: dict, out_dir) -> dict:

@@ -1,4 +1,4 @@
-"""Benchmark session: collects every timed row and writes --bench-dir (harness.pytest_plugin registers
+"""Benchmark session: collects every timed row and writes --bench-dir (harness.outputs.pytest_plugin registers
 the option: table, results.json, roofline);
 each row also goes to DIR/rows.jsonl as soon as it is measured, so a run cut short keeps what it did."""
 

@@ -18,7 +18,7 @@ from harness.backends import Problem, load_backend
 from harness.bench import (CPU_SHAPE, MODEL_SHAPES, TOKENS, capture, device_checkpoint,
                            flush_l2, io_bytes, median_ms, moe_flops, routed_inputs, weight_bytes)
 from harness.backends import backend_structure
-from harness.conformance import Shape, backend_shape, compare_backend, reference_run
+from harness.core.conformance import Shape, backend_shape, compare_backend, reference_run
 from harness.platforms import detect_platform, has_gpu
 from reference.activations import activation_by_name
 from reference.schemes import scheme_by_name

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from .platforms import PLATFORMS
+from harness.platforms import PLATFORMS
 
 __all__ = ["nightly_matrix", "HYPOTHESIS_DB_ARTIFACT"]
 

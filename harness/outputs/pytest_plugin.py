@@ -1,7 +1,7 @@
 """pytest side of the conformance report: `pytest --report DIR` collects every conformance case's outcome
 (through xdist: the case test records its numbers with record_property, which travels with the test
 report to the controller and into JUnit), prints a per platform x backend table at the end of the run,
-and writes DIR/ (harness.report). Loaded by the project's conftest.py."""
+and writes DIR/ (harness.outputs.report). Loaded by the project's conftest.py."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from .report import (CASE_IDENTITY, CASE_PROPERTY, CaseResult, platform_backend_counts, platform_backend_worst,
+from harness.outputs.report import (CASE_IDENTITY, CASE_PROPERTY, CaseResult, platform_backend_counts, platform_backend_worst,
                      write_report)
 
 
@@ -54,7 +54,7 @@ class _Collector:
 
     @staticmethod
     def _case(report) -> dict | None:
-        """The case's identity, recorded as data at collection (harness.report.CASE_IDENTITY)."""
+        """The case's identity, recorded as data at collection (harness.outputs.report.CASE_IDENTITY)."""
         for key, value in report.user_properties:
             if key == CASE_IDENTITY:
                 return json.loads(value)
@@ -108,7 +108,7 @@ class _Collector:
             self.other_failures.append(dict(nodeid=report.nodeid, message=self._first_line(report)))
 
     def meta(self, config) -> dict:
-        from .platforms import host_info
+        from harness.platforms import host_info
 
         host = host_info()
         commit = _commit()
@@ -121,7 +121,7 @@ class _Collector:
                     other_tests=other, other_failures=self.other_failures)
 
     def pytest_sessionfinish(self, session):
-        from .oracle import all_platforms, format_oracle_table
+        from harness.core.oracle import all_platforms, format_oracle_table
 
         dispatch = format_oracle_table(all_platforms(), session.config.moe_backends)
         self.written = write_report(list(self.cases.values()), self.out_dir, self.meta(session.config), dispatch)

@@ -1,5 +1,5 @@
 """One conformance case, as values: case -> reference -> backend -> comparison. The assert is the
-caller's (suites/test_conformance.py); the report (harness.report) reads the same results."""
+caller's (suites/test_conformance.py); the report (harness.outputs.report) reads the same results."""
 
 from __future__ import annotations
 
@@ -21,11 +21,11 @@ from reference.schemes import SCHEMES, Scheme
 from reference.quantizers import FP8
 from reference.structure import NumericalStructure
 
-from .backends import (Declined, Problem, backend_accumulation_error, backend_available, backend_operand_dtype,
+from harness.backends import (Declined, Problem, backend_accumulation_error, backend_available, backend_operand_dtype,
                        backend_prepare, backend_structure, checked_supports)
-from .guard import check_unmodified, checkpoint_pairs, guarded_call, private_checkpoint, private_copy
-from .platforms import Platform
-from .tolerances import Comparison, Exact, compare, moe_error_bound
+from harness.core.guard import check_unmodified, checkpoint_pairs, guarded_call, private_checkpoint, private_copy
+from harness.platforms import Platform
+from harness.core.tolerances import Comparison, Exact, compare, moe_error_bound
 
 __all__ = ["Shape", "SHAPES", "ConformanceCase", "skip_reason", "run_case", "reference_run", "conformance_cases",
            "QUANTIZER_CASES", "quantizer_cases", "case_checkpoint", "quantizer_property", "reference_quantize", "case_problem",
@@ -251,11 +251,11 @@ def reference_quantize(entry: str, x: torch.Tensor, params: dict):
 
 def quantizer_property(backend, hypothesis_settings):
     """A Hypothesis property (call it to run it): every exposed entry point returns the reference's codes
-    and scales bit for bit, on structured tensors (harness.strategies.mx_tensor)."""
+    and scales bit for bit, on structured tensors (harness.inputs.strategies.mx_tensor)."""
     from hypothesis import assume, given
     from hypothesis import strategies as st
 
-    from .strategies import mx_tensor
+    from harness.inputs.strategies import mx_tensor
 
     cases = quantizer_cases(backend)
 
@@ -282,7 +282,7 @@ def quantizer_property(backend, hypothesis_settings):
 def conformance_cases(backends: dict, platforms=None):
     """Every (ConformanceCase, skip reason or None) for these backends on these platforms (default: all),
     in the order the suite parametrizes them."""
-    from .platforms import PLATFORMS, detect_platform
+    from harness.platforms import PLATFORMS, detect_platform
 
     host = detect_platform()
     for bname in sorted(backends):

@@ -14,12 +14,12 @@ from pathlib import Path
 from reference.activations import ACTIVATIONS
 from reference.schemes import SCHEMES
 
-from .backends import Problem, backend_available, checked_supports
-from .platforms import PLATFORMS, Platform
+from harness.backends import Problem, backend_available, checked_supports
+from harness.platforms import PLATFORMS, Platform
 
 __all__ = ["NoBackendError", "Decision", "choose_backend", "oracle_rows", "format_oracle_table", "ORACLE_TABLE_PATH"]
 
-ORACLE_TABLE_PATH = Path(__file__).parent / "data" / "oracle_table.txt"
+ORACLE_TABLE_PATH = Path(__file__).parents[1] / "data" / "oracle_table.txt"
 
 
 class NoBackendError(RuntimeError):

@@ -26,8 +26,8 @@ from reference.schemes import ActQuant
 
 from reference.structure import DEFAULT_STRUCTURE, STRUCTURES, NumericalStructure, structure_by_name
 
-from .backends.torch_emulation import TorchEmulationBackend
-from .emulation import moe_emulation
+from harness.backends.torch_emulation import TorchEmulationBackend
+from harness.backends.emulation import moe_emulation
 
 __all__ = ["Mutant", "MUTANTS", "CONTROL", "make_mutant", "Catch", "hunt", "CATALOG_PLATFORMS"]
 
@@ -313,7 +313,7 @@ def _another_structure(declared: NumericalStructure) -> NumericalStructure:
 
 
 def make_mutant(name: str, structure: NumericalStructure | str = DEFAULT_STRUCTURE):
-    """The mutant backend `name`, declaring `structure` (pytest --backend harness.catalog:mutant_<name>
+    """The mutant backend `name`, declaring `structure` (pytest --backend harness.detection.catalog:mutant_<name>
     loads it with the default structure)."""
     by_name = {m.name: m for m in (*MUTANTS, CONTROL)}
     if name not in by_name:
@@ -322,7 +322,7 @@ def make_mutant(name: str, structure: NumericalStructure | str = DEFAULT_STRUCTU
 
 
 def __getattr__(attr: str):
-    # `harness.catalog:mutant_<name>` is a backend factory for every mutant
+    # `harness.detection.catalog:mutant_<name>` is a backend factory for every mutant
     if attr.startswith("mutant_"):
         return lambda: make_mutant(attr.removeprefix("mutant_"))
     raise AttributeError(attr)
@@ -346,9 +346,9 @@ def hunt(backend, platforms=CATALOG_PLATFORMS) -> tuple[Catch | None, float, int
     None means the backend passed every check: right for the control, a survivor for a mutant."""
     from hypothesis import settings
 
-    from .backends import Declined
-    from .conformance import SHAPES, conformance_cases, quantizer_cases, quantizer_property, run_case
-    from .platforms import PLATFORMS
+    from harness.backends import Declined
+    from harness.core.conformance import SHAPES, conformance_cases, quantizer_cases, quantizer_property, run_case
+    from harness.platforms import PLATFORMS
 
     t0, n = time.perf_counter(), 0
     if quantizer_cases(backend):

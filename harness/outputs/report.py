@@ -9,7 +9,7 @@ which result, and how close to its bound each backend came.
   histograms/*.png one per scheme: |kernel - reference| / bound per output element, per backend
   junit.xml        written by pytest itself (--junitxml), beside the rest
 
-The pytest side (collecting results through xdist) is harness.pytest_plugin; this module only turns
+The pytest side (collecting results through xdist) is harness.outputs.pytest_plugin; this module only turns
 records into files, so it can be tested and re-rendered from a results.json.
 """
 
@@ -22,7 +22,7 @@ from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .tolerances import RATIO_LOG2_MAX, RATIO_LOG2_MIN, Comparison
+from harness.core.tolerances import RATIO_LOG2_MAX, RATIO_LOG2_MIN, Comparison
 
 __all__ = ["CaseResult", "case_properties", "case_identity", "write_report", "load_results", "OUTCOMES",
            "CASE_PROPERTY", "CASE_IDENTITY", "platform_backend_counts", "platform_backend_worst"]

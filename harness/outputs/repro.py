@@ -19,8 +19,8 @@ import torch
 from reference.checkpoints import MoECheckpoint, QuantizedWeight
 from reference.moe import fused_moe
 
-from .backends import backend_operand_dtype, backend_accumulation_error, backend_structure
-from .tolerances import compare, moe_error_bound
+from harness.backends import backend_operand_dtype, backend_accumulation_error, backend_structure
+from harness.core.tolerances import compare, moe_error_bound
 
 __all__ = ["shrink_case", "write_repro", "write_case_repro", "expert_subset"]
 
@@ -97,7 +97,7 @@ sys.path.insert(0, os.getcwd())
 import torch
 
 from harness.backends import load_backend
-from harness.tolerances import ErrorBound, compare
+from harness.core.tolerances import ErrorBound, compare
 
 case = torch.load(pathlib.Path(__file__).with_name("case.pt"), weights_only=False)
 backend = load_backend(sys.argv[1] if len(sys.argv) > 1 else case["backend"])
@@ -127,8 +127,8 @@ def write_repro(out_dir: Path | str, spec: str, case_id: str, backend, ckpt, inp
 
 
 def write_case_repro(out_dir: Path | str, spec: str, backend, case, shape) -> Path:
-    """write_repro for a conformance case (harness.conformance.ConformanceCase) at `shape`."""
-    from .conformance import backend_shape, case_problem, reference_run
+    """write_repro for a conformance case (harness.core.conformance.ConformanceCase) at `shape`."""
+    from harness.core.conformance import backend_shape, case_problem, reference_run
 
     problem, _, _ = case_problem(backend, case.scheme, case.activation, case.platform, shape)
     ckpt, inputs, _, _ = reference_run(case.scheme.name, case.activation.name, case.platform.fp8_format.name,

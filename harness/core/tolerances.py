@@ -89,7 +89,7 @@ class ErrorBound:
     """A per-element bound |got - expected| <= bound, derived from the computation."""
 
     bound: torch.Tensor
-    derivation: str = "moe_error_bound: forward error of each stage (see harness.tolerances)"
+    derivation: str = "moe_error_bound: forward error of each stage (see harness.core.tolerances)"
 
 
 @dataclass
