@@ -6,6 +6,8 @@ kernel" of every structure that the derived bounds must never fail."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from reference.activations import apply_activation, gate_and_up
@@ -110,8 +112,6 @@ def moe_emulation(
 
 def _dequantize_expert(ckpt: MoECheckpoint, name: str, e: int) -> torch.Tensor:
     """One expert's weight, dequantized alone (never all experts up front)."""
-    from dataclasses import replace
-
     w = getattr(ckpt, name)
     one = replace(
         w,

@@ -8,6 +8,8 @@ import functools
 from dataclasses import dataclass
 
 import torch
+from hypothesis import assume, given
+from hypothesis import strategies as st
 
 from reference.activations import ACTIVATIONS, Activation, activation_by_name
 from reference.checkpoints import MoECheckpoint, make_checkpoint
@@ -26,6 +28,9 @@ from harness.backends import (Declined, Problem, backend_accumulation_error, bac
 from harness.core.guard import check_unmodified, checkpoint_pairs, guarded_call, private_checkpoint, private_copy
 from harness.platforms import Platform
 from harness.core.tolerances import Comparison, Exact, compare, moe_error_bound
+from harness.inputs.strategies import mx_tensor
+from harness.platforms import PLATFORMS, detect_platform
+from reference.formats import format_by_name
 
 __all__ = ["Shape", "SHAPES", "ConformanceCase", "skip_reason", "run_case", "reference_run", "conformance_cases",
            "QUANTIZER_CASES", "quantizer_cases", "case_checkpoint", "quantizer_property", "reference_quantize", "case_problem",
@@ -111,8 +116,6 @@ def default_shape(host_platform: Platform) -> Shape:
 
 @functools.lru_cache(maxsize=64)
 def case_checkpoint(scheme: str, act: str, fp8_name: str, shape: Shape, seed: int, bias: bool = True) -> MoECheckpoint:
-    from reference.formats import format_by_name
-
     return make_checkpoint(scheme, act, shape.num_experts, shape.hidden_size, shape.intermediate_size, seed=seed,
                            with_bias=bias, fp8_format=format_by_name(fp8_name))
 
@@ -252,11 +255,6 @@ def reference_quantize(entry: str, x: torch.Tensor, params: dict):
 def quantizer_property(backend, hypothesis_settings):
     """A Hypothesis property (call it to run it): every exposed entry point returns the reference's codes
     and scales bit for bit, on structured tensors (harness.inputs.strategies.mx_tensor)."""
-    from hypothesis import assume, given
-    from hypothesis import strategies as st
-
-    from harness.inputs.strategies import mx_tensor
-
     cases = quantizer_cases(backend)
 
     @hypothesis_settings
@@ -282,8 +280,6 @@ def quantizer_property(backend, hypothesis_settings):
 def conformance_cases(backends: dict, platforms=None):
     """Every (ConformanceCase, skip reason or None) for these backends on these platforms (default: all),
     in the order the suite parametrizes them."""
-    from harness.platforms import PLATFORMS, detect_platform
-
     host = detect_platform()
     for bname in sorted(backends):
         for platform in (platforms or PLATFORMS.values()):

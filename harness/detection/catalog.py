@@ -17,17 +17,23 @@ from typing import Callable
 
 import torch
 
+from hypothesis import settings
+
+from harness.backends import Declined
+from harness.backends.emulation import moe_emulation
+from harness.backends.torch_emulation import TorchEmulationBackend
+from harness.core.conformance import SHAPES, conformance_cases, quantizer_cases, quantizer_property, run_case
+from harness.platforms import PLATFORMS
 from reference.checkpoints import MoECheckpoint
-from reference.formats import E4M3FN, E4M3FNUZ
+from reference.formats import E4M3FN, E4M3FNUZ, encode
 from reference.fp8 import Granularity
+from reference.moe import activation_qdq, static_activation_scales
 from reference.mx import ScaleMode, quantize_mx
 from reference.quantizers import FP8, MX, NVFP4
 from reference.schemes import ActQuant
 
 from reference.structure import DEFAULT_STRUCTURE, STRUCTURES, NumericalStructure, structure_by_name
 
-from harness.backends.torch_emulation import TorchEmulationBackend
-from harness.backends.emulation import moe_emulation
 
 __all__ = ["Mutant", "MUTANTS", "CONTROL", "make_mutant", "Catch", "hunt", "CATALOG_PLATFORMS"]
 
@@ -124,8 +130,6 @@ def _skip_a2_qdq(base, prep, x, w, ids):
     aq = prep.scheme.act
     if aq is None:
         return base(prep, x, w, ids)
-    from reference.moe import activation_qdq, static_activation_scales
-
     a1_scale, _ = static_activation_scales(prep)
     a1 = activation_qdq(x.float(), aq, prep, a1_scale).to(torch.bfloat16)
     return base(_with_scheme_act(prep, None), a1, w, ids)
@@ -136,8 +140,6 @@ def _a1_qdq_twice_with_scale(base, prep, x, w, ids):
     aq = prep.scheme.act
     if aq is None or not aq.static:
         return base(prep, x, w, ids)
-    from reference.moe import static_activation_scales
-
     a1_scale, _ = static_activation_scales(prep)
     return base(prep, (x.float() * a1_scale).to(torch.bfloat16), w, ids)
 
@@ -183,8 +185,6 @@ def _fp8_bias_before_dequantization(ckpt: MoECheckpoint) -> MoECheckpoint:
     wq, aq = ckpt.scheme.weight, ckpt.scheme.act
     if wq is None or wq.kind is not FP8 or wq.granularity is not Granularity.PER_TENSOR or aq is None or not aq.static:
         return ckpt
-    from reference.moe import static_activation_scales
-
     a1_scale, a2_scale = static_activation_scales(ckpt)
     scaled = lambda b, a_s, w: None if b is None else b * a_s * w.scale.reshape(-1, 1)  # noqa: E731
     return dataclasses.replace(ckpt, b13=scaled(ckpt.b13, a1_scale, ckpt.w13), b2=scaled(ckpt.b2, a2_scale, ckpt.w2))
@@ -198,8 +198,6 @@ def _router_weight_applied_twice(base, prep, x, w, ids):
 def _fnuz_max_224_fwd(base, prep, x, w, ids):
     if prep.fp8_format is not E4M3FNUZ or prep.scheme.act is None or prep.scheme.act.kind is not FP8:
         return base(prep, x, w, ids)
-    from reference.moe import static_activation_scales
-
     a1_scale, _ = static_activation_scales(prep)
     if a1_scale is None:
         return base(prep, x, w, ids)
@@ -219,8 +217,6 @@ def _mx_log2_pitfall(x, elem, scale_mode):
     scales = torch.where(amax > 0, (e.clamp(-127, 127) + 127), 0).to(torch.uint8)
     codes = quantize_mx(x, elem).codes
     shift = (scales.int() - 127).repeat_interleave(32, -1)
-    from reference.formats import encode
-
     codes = torch.where(scales.repeat_interleave(32, -1) != q.scales.repeat_interleave(32, -1),
                         encode(x.float(), elem, exp_shift=shift), codes)
     return codes, scales
@@ -344,12 +340,6 @@ class Catch:
 def hunt(backend, platforms=CATALOG_PLATFORMS) -> tuple[Catch | None, float, int]:
     """Run the conformance checks on `backend` until one fails: (the catch or None, seconds, checks run).
     None means the backend passed every check: right for the control, a survivor for a mutant."""
-    from hypothesis import settings
-
-    from harness.backends import Declined
-    from harness.core.conformance import SHAPES, conformance_cases, quantizer_cases, quantizer_property, run_case
-    from harness.platforms import PLATFORMS
-
     t0, n = time.perf_counter(), 0
     if quantizer_cases(backend):
         n += 1

@@ -18,6 +18,7 @@ from typing import Callable
 import torch
 
 from reference.checkpoints import MoECheckpoint
+from reference.fp8 import ScaleApply
 
 __all__ = ["SpecialCase", "SPECIAL_CASES", "poisoned_inputs", "padded_rows_leak", "POISON_ROWS"]
 
@@ -156,8 +157,6 @@ def _tie_inputs(x, w, ids):
 
 
 def _other_scale_apply(structure):
-    from reference.fp8 import ScaleApply
-
     other = (ScaleApply.DIVIDE if structure.fp8_static_scale is ScaleApply.RECIPROCAL_MULTIPLY
              else ScaleApply.RECIPROCAL_MULTIPLY)
     return dataclasses.replace(structure, fp8_static_scale=other)

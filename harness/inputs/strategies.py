@@ -14,6 +14,7 @@ from reference import formats as F
 from reference.mx import MX_BLOCK_SIZE, ScaleMode, quantize_mx
 from reference.nvfp4 import nvfp4_global_encode_scale, quantize_nvfp4
 from reference.packing import pack_fp4
+from reference.fp8 import quantize_fp8
 
 # ---------------------------------------------------------------------------------------------
 # Tier 1: named corner cases. Each computes bytes from inputs with the reference and states what the
@@ -53,8 +54,6 @@ def _nvfp4_block(values, tensor_amax):
 
 
 def _fp8_zero_tensor():
-    from reference.fp8 import quantize_fp8
-
     q = quantize_fp8(torch.zeros(1, 2), F.E4M3FN)
     return q.codes.flatten().tolist() + [int(q.scale.view(torch.int32))]
 

@@ -16,8 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.outputs.report import (CASE_IDENTITY, CASE_PROPERTY, CaseResult, platform_backend_counts, platform_backend_worst,
-                     write_report)
+from harness.core.oracle import all_platforms, format_oracle_table
+from harness.outputs.report import (CASE_IDENTITY, CASE_PROPERTY, CaseResult, platform_backend_counts,
+                                    platform_backend_worst, write_report)
+from harness.platforms import host_info
 
 
 
@@ -108,8 +110,6 @@ class _Collector:
             self.other_failures.append(dict(nodeid=report.nodeid, message=self._first_line(report)))
 
     def meta(self, config) -> dict:
-        from harness.platforms import host_info
-
         host = host_info()
         commit = _commit()
         other = ", ".join(f"{n} {k}" for k, n in sorted(self.other.items())) or "none"
@@ -121,8 +121,6 @@ class _Collector:
                     other_tests=other, other_failures=self.other_failures)
 
     def pytest_sessionfinish(self, session):
-        from harness.core.oracle import all_platforms, format_oracle_table
-
         dispatch = format_oracle_table(all_platforms(), session.config.moe_backends)
         self.written = write_report(list(self.cases.values()), self.out_dir, self.meta(session.config), dispatch)
 

@@ -21,6 +21,7 @@ from reference.moe import fused_moe
 
 from harness.backends import backend_operand_dtype, backend_accumulation_error, backend_structure
 from harness.core.tolerances import compare, moe_error_bound
+from harness.core.conformance import backend_shape, case_problem, reference_run
 
 __all__ = ["shrink_case", "write_repro", "write_case_repro", "expert_subset"]
 
@@ -128,8 +129,6 @@ def write_repro(out_dir: Path | str, spec: str, case_id: str, backend, ckpt, inp
 
 def write_case_repro(out_dir: Path | str, spec: str, backend, case, shape) -> Path:
     """write_repro for a conformance case (harness.core.conformance.ConformanceCase) at `shape`."""
-    from harness.core.conformance import backend_shape, case_problem, reference_run
-
     problem, _, _ = case_problem(backend, case.scheme, case.activation, case.platform, shape)
     ckpt, inputs, _, _ = reference_run(case.scheme.name, case.activation.name, case.platform.fp8_format.name,
                                        backend_shape(backend, shape), 0, backend_structure(backend), problem.has_bias)
