@@ -202,3 +202,9 @@ def test_dot_scaled_declines_the_blocks_its_hardware_path_flushes():
         data = ckpt.w2.data.clone()
         data[1, 2, 3 * block_bytes:4 * block_bytes] = zero_pair  # the same block, all -0 codes
         backend.prepare(dataclasses.replace(ckpt, w2=dataclasses.replace(ckpt.w2, data=data, scale=scale)))
+        # the NaN scale: over zero codes NaN either way (accepted, seen on the H200), over nonzero declined
+        nan_scale = scale.clone()
+        nan_scale[1, 2, 3] = 0xFF
+        backend.prepare(dataclasses.replace(ckpt, w2=dataclasses.replace(ckpt.w2, data=data, scale=nan_scale)))
+        with pytest.raises(NotImplementedError, match="w2 has 1 MX blocks with the NaN scale 0xFF and nonzero codes"):
+            backend.prepare(dataclasses.replace(ckpt, w2=dataclasses.replace(ckpt.w2, scale=nan_scale)))

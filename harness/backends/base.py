@@ -15,6 +15,9 @@ Optional:
                                         operands to bf16; the derived bound depends on it
   accumulation_error: float             0 (default) for fp32 GEMM accumulation; else the extra error of its
                                         hardware accumulator relative to sum|a||w| (see torch_fp8)
+  known_failures: tuple[KnownFailure, ...]
+                                        special-value cases it is known to get wrong (run as strict xfails);
+                                        its prepare() may decline them while decline_known_failures is set
   numerical_structure: NumericalStructure | str
                                         where it rounds and in what dtype, where it applies the router
                                         weight, how it evaluates the activation and sums the top-k terms
@@ -38,7 +41,8 @@ from reference.schemes import Scheme
 from reference.structure import DEFAULT_STRUCTURE, NumericalStructure, structure_by_name
 
 __all__ = ["Problem", "Backend", "backend_operand_dtype", "backend_accumulation_error", "backend_available",
-           "backend_structure", "backend_prepare", "Declined", "checked_supports"]
+           "backend_structure", "backend_prepare", "Declined", "checked_supports", "KnownFailure",
+           "backend_known_failures"]
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,21 @@ def backend_available(backend, platform) -> tuple[bool, str]:
             and isinstance(answer[1], str)):
         raise TypeError(f"backend {backend.name!r}: available() must return (bool, str), got {answer!r}")
     return answer
+
+
+@dataclass(frozen=True)
+class KnownFailure:
+    """A special-value case (harness.inputs.special_values) a backend is known to get wrong, as data: the
+    suite runs it with the backend's guard off and expects the failure (strict: a pass means the upstream
+    bug is fixed and the record must go)."""
+
+    special: str  # SpecialCase.name
+    reason: str
+    upstream: str  # where it is tracked or what fixes it
+
+
+def backend_known_failures(backend) -> dict[str, KnownFailure]:
+    return {k.special: k for k in getattr(backend, "known_failures", ())}
 
 
 class Declined(Exception):
