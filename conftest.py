@@ -69,6 +69,9 @@ def pytest_addoption(parser):
     group = parser.getgroup("moe-conformance")
     group.addoption("--backend", action="append", default=[], metavar="NAME|module:factory",
                     help="run the conformance suites on these backends only (repeatable)")
+    # suites/bench's option lives here: a sub-directory conftest's options are unknown when pytest starts
+    group.addoption("--bench-dir", default=None, metavar="DIR",
+                    help="write the benchmark table, results.json, rows.jsonl and roofline plot (suites/bench) into DIR")
     group.addoption("--case-timeout", type=float, default=None, metavar="SECONDS",
                     help="time limit of each backend call (default 300 s on CPU, 900 s on a GPU; 0: none)")
     group.addoption("--repro", default=None, metavar="DIR",

@@ -27,8 +27,6 @@ def pytest_addoption(parser):
     group = parser.getgroup("moe-conformance")
     group.addoption("--report", metavar="DIR", default=None,
                     help="write the conformance report (Markdown, HTML, JSON, histograms) into DIR")
-    group.addoption("--bench-dir", default=None, metavar="DIR",
-                    help="write the benchmark table, results.json, rows.jsonl and roofline plot (suites/bench) into DIR")
 
 
 def _commit() -> str:

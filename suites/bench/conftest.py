@@ -1,5 +1,5 @@
-"""Benchmark session: collects every timed row and writes --bench-dir (harness.outputs.pytest_plugin registers
-the option: table, results.json, roofline);
+"""Benchmark session: collects every timed row and writes --bench-dir (the root conftest registers the
+option, since pytest reads a sub-directory's conftest only after start-up: table, results.json, roofline);
 each row also goes to DIR/rows.jsonl as soon as it is measured, so a run cut short keeps what it did."""
 
 from __future__ import annotations
