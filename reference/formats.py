@@ -367,6 +367,7 @@ def _encode_unsigned_pow2(xf, fmt: FloatFormat, overflow: Overflow, exp_shift, n
 
 
 def decode(codes: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
-    """fmt codes (uint8) -> fp32 values, by table lookup (the table is derived from the fields)."""
+    """fmt codes (uint8) -> fp32 values, by table lookup (the table is derived from the fields), on the
+    codes' device."""
     check_codes(codes, fmt)
-    return fmt.values_fp32[codes.long()]
+    return fmt.values_fp32.to(codes.device)[codes.long()]

@@ -129,18 +129,25 @@ def _decode(code, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr):
 
 
 @triton.jit
+def _row_block_tile(n_rows, n_cols, group_size, GROUP: tl.constexpr, BLOCK_M: tl.constexpr):
+    """The tile of a quantizer program: BLOCK_M rows (program axis 0) x one scale block of group_size
+    columns (axis 1; GROUP >= group_size, a power of two, lanes past group_size masked). int64 offsets."""
+    rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    in_group = tl.arange(0, GROUP)
+    cols = tl.program_id(1) * group_size + in_group
+    mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols) & (in_group[None, :] < group_size)
+    return rows, mask, rows[:, None] * n_cols + cols[None, :]
+
+
+@triton.jit
 def mx_quantize_kernel(x_ptr, codes_ptr, scales_ptr, values_ptr, n_rows, n_cols, inv_max,
                        MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr,
                        SIGN_BIT: tl.constexpr, EBITS: tl.constexpr, BIAS: tl.constexpr, RCEIL: tl.constexpr,
                        WRITE_VALUES: tl.constexpr, BLOCK_M: tl.constexpr):
     """One program: BLOCK_M rows x one block of 32 columns. Writes codes and E8M0 scales, and with
     WRITE_VALUES the dequantized values (bf16, exact) for the GEMMs."""
-    pid_m = tl.program_id(0)
     pid_b = tl.program_id(1)
-    rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-    cols = pid_b * 32 + tl.arange(0, 32)
-    mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
-    offs = rows[:, None] * n_cols + cols[None, :]
+    rows, mask, offs = _row_block_tile(n_rows, n_cols, 32, 32, BLOCK_M)
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     # a block holding NaN or Inf: checked per element (a max may drop NaNs)
     nonfinite = tl.max(((x != x) | (tl.abs(x) == float("inf"))).to(tl.int32), axis=1) > 0
@@ -169,12 +176,8 @@ def nvfp4_quantize_kernel(x_ptr, codes_ptr, scales_ptr, values_ptr, s_dec_ptr, n
     """NVFP4, one program per BLOCK_M rows x 16 columns: E4M3 block scale from the block amax and the
     fp32 tensor scale (s_enc = fl(1 / s_dec)), E2M1 elements of fl(x / fl(stored * s_dec)).
     WRITE_VALUES stores e2m1 * stored (exact in bf16; s_dec is applied by the GEMM)."""
-    pid_m = tl.program_id(0)
     pid_b = tl.program_id(1)
-    rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-    cols = pid_b * 16 + tl.arange(0, 16)
-    mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
-    offs = rows[:, None] * n_cols + cols[None, :]
+    rows, mask, offs = _row_block_tile(n_rows, n_cols, 16, 16, BLOCK_M)
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     s_dec = tl.load(s_dec_ptr)
     s_enc = tl.math.div_rn(1.0, s_dec)
@@ -203,13 +206,8 @@ def fp8_quantize_kernel(x_ptr, codes_ptr, scale_ptr, values_ptr, n_rows, n_cols,
     two; masked past n_cols), max(fl(amax / fmax), min_scale), written to scale_ptr [rows, n_groups]; else
     one static scale
     at scale_ptr. WRITE_VALUES stores the code values (exact in bf16; the scale is the GEMM's)."""
-    pid_m = tl.program_id(0)
     pid_b = tl.program_id(1)
-    rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-    in_group = tl.arange(0, GROUP)
-    cols = pid_b * group_size + in_group
-    mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols) & (in_group[None, :] < group_size)
-    offs = rows[:, None] * n_cols + cols[None, :]
+    rows, mask, offs = _row_block_tile(n_rows, n_cols, group_size, GROUP, BLOCK_M)
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     if DYNAMIC:
         amax = tl.max(tl.abs(x), axis=1)

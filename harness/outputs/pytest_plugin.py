@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from harness.core.oracle import all_platforms, format_oracle_table
-from harness.outputs.report import (CASE_IDENTITY, CASE_PROPERTY, CaseResult, platform_backend_counts,
-                                    platform_backend_worst, write_report)
+from harness.outputs.report import (CASE_IDENTITY, CASE_PROPERTY, CaseResult, ReportModel, render_terminal,
+                                    write_report)
 from harness.platforms import host_info
 
 
@@ -125,18 +125,9 @@ class _Collector:
     def pytest_terminal_summary(self, terminalreporter):
         tr = terminalreporter
         tr.section("conformance summary")
-        results = list(self.cases.values())
-        table, worst = platform_backend_counts(results), platform_backend_worst(results)
-        tr.write_line(f"{'platform':<8} {'backend':<34} {'passed':>6} {'failed':>6} {'skipped':>7} {'worst ulps':>10}")
-        for (p, b), c in sorted(table.items()):
-            if c["passed"] + c["failed"] + c["error"] == 0:
-                continue
-            w = worst.get((p, b))
-            tr.write_line(f"{p:<8} {b:<34} {c['passed']:>6} {c['failed'] + c['error']:>6} {c['skipped']:>7} "
-                          f"{'' if w is None else f'{w:.3g}':>10}")
-        skipped_only = sum(1 for c in table.values() if c["passed"] + c["failed"] + c["error"] == 0)
-        if skipped_only:
-            tr.write_line(f"({skipped_only} platform x backend pairs only skipped: reasons in the report)")
+        model = ReportModel.build(list(self.cases.values()), {}, "")
+        for line in render_terminal(model):
+            tr.write_line(line)
         for kind, path in self.written.items():
             if not kind.startswith("histogram:"):
                 tr.write_line(f"report {kind}: {path}")

@@ -24,8 +24,8 @@ from pathlib import Path
 
 from harness.core.tolerances import RATIO_LOG2_MAX, RATIO_LOG2_MIN, Comparison
 
-__all__ = ["CaseResult", "case_properties", "case_identity", "write_report", "load_results", "OUTCOMES",
-           "CASE_PROPERTY", "CASE_IDENTITY", "platform_backend_counts", "platform_backend_worst"]
+__all__ = ["CaseResult", "ReportModel", "case_properties", "case_identity", "write_report", "load_results",
+           "render_markdown", "render_html", "render_terminal", "OUTCOMES", "CASE_PROPERTY", "CASE_IDENTITY"]
 
 OUTCOMES = ("passed", "failed", "error", "skipped")
 CASE_PROPERTY = "moe_case"  # the user_properties key the conformance test records its result under
@@ -85,22 +85,6 @@ def _cell_text(r: CaseResult | None) -> str:
     return "skip"
 
 
-def platform_backend_counts(results: list[CaseResult]) -> dict[tuple[str, str], Counter]:
-    counts: dict[tuple[str, str], Counter] = defaultdict(Counter)
-    for r in results:
-        counts[(r.platform, r.backend)][r.outcome] += 1
-    return counts
-
-
-def platform_backend_worst(results: list[CaseResult]) -> dict[tuple[str, str], float]:
-    worst: dict[tuple[str, str], float] = {}
-    for r in results:
-        if r.worst_ulps is not None:
-            k = (r.platform, r.backend)
-            worst[k] = max(worst.get(k, 0.0), r.worst_ulps)
-    return worst
-
-
 def _ran(results: list[CaseResult]) -> list[CaseResult]:
     return [r for r in results if r.outcome != "skipped"]
 
@@ -151,68 +135,120 @@ def write_histograms(results: list[CaseResult], out_dir: Path) -> dict[str, Path
     return paths
 
 
-def _summary_rows(results: list[CaseResult]):
-    counts, worst = platform_backend_counts(results), platform_backend_worst(results)
-    for (platform, backend), c in sorted(counts.items()):
-        w = worst.get((platform, backend))
-        yield platform, backend, c["passed"], c["failed"] + c["error"], c["skipped"], "" if w is None else f"{w:.3g}"
+@dataclass
+class SummaryRow:
+    platform: str
+    backend: str
+    passed: int
+    failed: int  # failed + error
+    skipped: int
+    worst_ulps: float | None
+
+    @property
+    def ran(self) -> bool:
+        return self.passed + self.failed > 0
+
+    @property
+    def worst_text(self) -> str:
+        return "" if self.worst_ulps is None else f"{self.worst_ulps:.3g}"
 
 
-def _skip_reasons(results: list[CaseResult]) -> list[tuple[str, int]]:
-    return Counter(r.reason for r in results if r.outcome == "skipped").most_common()
+@dataclass
+class PlatformMatrix:
+    platform: str
+    backends: list[str]  # those that ran at least one case here
+    rows: list[tuple[tuple[str, str], dict[str, CaseResult]]]  # ((scheme, activation), {backend: result})
 
 
-def _matrix(results: list[CaseResult]):
-    """platform -> (backends, rows of (scheme, activation, {backend: result})) over cases that ran."""
-    by_platform: dict[str, dict] = {}
-    for r in results:
-        by_platform.setdefault(r.platform, {}).setdefault((r.scheme, r.activation), {})[r.backend] = r
-    for platform, rows in sorted(by_platform.items()):
-        ran = {k: v for k, v in rows.items() if any(x.outcome != "skipped" for x in v.values())}
-        backends = sorted({b for v in ran.values() for b, x in v.items() if x.outcome != "skipped"})
-        yield platform, backends, sorted(ran.items())
+@dataclass
+class ReportModel:
+    """Everything a report shows, computed once; render_markdown, render_html and the terminal summary
+    only format it."""
+
+    meta: dict
+    dispatch: str
+    totals: Counter  # outcome -> cases
+    summary: list[SummaryRow]
+    failures: list[tuple[str, str]]  # (what, message): failed cases first, then other tests
+    matrices: list[PlatformMatrix]
+    skip_reasons: list[tuple[str, int]]
+    histograms: dict[str, Path]
+
+    @property
+    def n_failed(self) -> int:
+        return self.totals["failed"] + self.totals["error"]
+
+    @property
+    def n_ran(self) -> int:
+        return self.totals["passed"] + self.n_failed
+
+    @classmethod
+    def build(cls, results: list[CaseResult], meta: dict, dispatch: str,
+              histograms: dict[str, Path] | None = None) -> ReportModel:
+        counts: dict[tuple[str, str], Counter] = defaultdict(Counter)
+        worst: dict[tuple[str, str], float] = {}
+        by_platform: dict[str, dict] = {}
+        for r in results:
+            k = (r.platform, r.backend)
+            counts[k][r.outcome] += 1
+            if r.worst_ulps is not None:
+                worst[k] = max(worst.get(k, 0.0), r.worst_ulps)
+            by_platform.setdefault(r.platform, {}).setdefault((r.scheme, r.activation), {})[r.backend] = r
+        summary = [SummaryRow(p, b, c["passed"], c["failed"] + c["error"], c["skipped"], worst.get((p, b)))
+                   for (p, b), c in sorted(counts.items())]
+        failures = [(f"{r.scheme}/{r.activation}/{r.backend}/{r.platform}", r.reason)
+                    for r in results if r.outcome in ("failed", "error")]
+        failures += [(f["nodeid"], f["message"]) for f in meta.get("other_failures", [])]
+        matrices = []
+        for platform, rows in sorted(by_platform.items()):
+            ran = {k: v for k, v in rows.items() if any(x.outcome != "skipped" for x in v.values())}
+            backends = sorted({b for v in ran.values() for b, x in v.items() if x.outcome != "skipped"})
+            if backends:
+                matrices.append(PlatformMatrix(platform, backends, sorted(ran.items())))
+        return cls(meta, dispatch, Counter(r.outcome for r in results), summary, failures, matrices,
+                   Counter(r.reason for r in results if r.outcome == "skipped").most_common(), histograms or {})
 
 
-def render_markdown(results: list[CaseResult], meta: dict, dispatch: str, histograms: dict[str, Path],
-                    out_dir: Path) -> str:
-    ran = _ran(results)
-    c = Counter(r.outcome for r in results)
+_HOST_FIELDS = ("platform", "device", "torch", "triton", "python", "commit", "date", "command")
+_ULPS_NOTE = ("Worst error: the largest |kernel - reference| in bf16 ulps of the reference value, over the outputs "
+              "at least 2^-8 of the case's largest (near-zero outputs are judged by the bound alone); in brackets, "
+              "the largest error as a fraction of the derived bound, over every output (a case passes at <= 1).")
+_SUMMARY_HEAD = ("platform", "backend", "passed", "failed", "skipped", "worst ulps")
+
+
+def _summary_cells(row: SummaryRow) -> tuple:
+    return row.platform, row.backend, row.passed, row.failed, row.skipped, row.worst_text
+
+
+def render_markdown(model: ReportModel, out_dir: Path) -> str:
+    m, t = model.meta, model.totals
+    host = {k: m.get(k) for k in _HOST_FIELDS}
     lines = [
         "# moe-conformance report", "",
-        f"Host: **{meta.get('platform')}** ({meta.get('device')}), torch {meta.get('torch')}, triton "
-        f"{meta.get('triton')}, python {meta.get('python')}; commit {meta.get('commit')}; {meta.get('date')}.", "",
-        f"Command: `{meta.get('command')}`", "",
-        f"Conformance cases: **{c['passed']} passed, {c['failed'] + c['error']} failed, {c['skipped']} skipped** "
-        f"({len(ran)} ran). Other tests: {meta.get('other_tests', '')}.", "",
-        "Worst error: the largest |kernel - reference| in bf16 ulps of the reference value, over the outputs "
-        "at least 2^-8 of the case's largest (near-zero outputs are judged by the bound alone); in brackets, the "
-        "largest error as a fraction of the derived bound, over every output (pass <= 1).", "",
+        "Host: **{platform}** ({device}), torch {torch}, triton {triton}, python {python}; commit {commit}; "
+        "{date}.".format(**host), "",
+        f"Command: `{host['command']}`", "",
+        f"Conformance cases: **{t['passed']} passed, {model.n_failed} failed, {t['skipped']} skipped** "
+        f"({model.n_ran} ran). Other tests: {m.get('other_tests', '')}.", "",
+        _ULPS_NOTE, "",
         "## Per platform and backend", "",
-        "| platform | backend | passed | failed | skipped | worst ulps |", "|---|---|---|---|---|---|",
+        "| " + " | ".join(_SUMMARY_HEAD) + " |", "|---" * len(_SUMMARY_HEAD) + "|",
     ]
-    lines += [f"| {p} | {b} | {n_pass} | {n_fail} | {n_skip} | {w} |" for p, b, n_pass, n_fail, n_skip, w in _summary_rows(results)]
-    failures = [r for r in results if r.outcome in ("failed", "error")]
-    other = meta.get("other_failures", [])
+    lines += ["| " + " | ".join(str(c) for c in _summary_cells(row)) + " |" for row in model.summary]
     lines += ["", "## Failures", ""]
-    if not failures and not other:
-        lines.append("None.")
-    for r in failures:
-        lines.append(f"- `{r.scheme}/{r.activation}/{r.backend}/{r.platform}`: {r.reason.splitlines()[0] if r.reason else ''}")
-    for f in other:
-        lines.append(f"- `{f['nodeid']}`: {f['message']}")
-    for platform, backends, rows in _matrix(results):
-        if not backends:
-            continue
-        lines += ["", f"## Cases on {platform}", "", "| scheme | activation | " + " | ".join(backends) + " |",
-                  "|---|---|" + "---|" * len(backends)]
-        for (scheme, act), by_b in rows:
-            lines.append(f"| {scheme} | {act} | " + " | ".join(_cell_text(by_b.get(b)) for b in backends) + " |")
+    lines += [f"- `{what}`: {msg.splitlines()[0] if msg else ''}" for what, msg in model.failures] or ["None."]
+    for mat in model.matrices:
+        lines += ["", f"## Cases on {mat.platform}", "", "| scheme | activation | " + " | ".join(mat.backends) + " |",
+                  "|---|---|" + "---|" * len(mat.backends)]
+        for (scheme, act), by_b in mat.rows:
+            lines.append(f"| {scheme} | {act} | " + " | ".join(_cell_text(by_b.get(b)) for b in mat.backends) + " |")
     lines += ["", "## Skip reasons", "", "| cases | reason |", "|---|---|"]
-    lines += [f"| {n} | {reason.replace('|', '/')} |" for reason, n in _skip_reasons(results)]
-    if histograms:
+    lines += [f"| {n} | {reason.replace('|', '/')} |" for reason, n in model.skip_reasons]
+    if model.histograms:
         lines += ["", "## Error histograms", ""]
-        lines += [f"![{s}]({p.relative_to(out_dir).as_posix()})" for s, p in histograms.items()]
-    lines += ["", "## Dispatch table (the oracle: which backend each platform picks)", "", "```", dispatch.rstrip(), "```", ""]
+        lines += [f"![{s}]({p.relative_to(out_dir).as_posix()})" for s, p in model.histograms.items()]
+    lines += ["", "## Dispatch table (the oracle: which backend each platform picks)", "", "```",
+              model.dispatch.rstrip(), "```", ""]
     return "\n".join(lines)
 
 
@@ -229,72 +265,80 @@ img{max-width:100%;border:1px solid #ddd;margin:.3em 0}
 """
 
 
-def render_html(results: list[CaseResult], meta: dict, dispatch: str, histograms: dict[str, Path]) -> str:
+class _Markup(str):
+    """A cell already rendered (with its class or title): _html_row leaves it as it is."""
+
+
+def _html_row(cells, tag="td") -> str:
+    return "<tr>" + "".join(c if isinstance(c, _Markup) else f"<{tag}>{html.escape(str(c))}</{tag}>"
+                            for c in cells) + "</tr>"
+
+
+def render_html(model: ReportModel) -> str:
     e = html.escape
-    c = Counter(r.outcome for r in results)
-    n_fail = c["failed"] + c["error"]
+    m, t = model.meta, model.totals
+    host = {k: e(str(m.get(k))) for k in _HOST_FIELDS}
+    n_fail = model.n_failed
     parts = [
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>moe-conformance report</title>",
         f"<style>{_CSS}</style></head><body>",
         "<h1>moe-conformance report</h1>",
-        f"<p>Host: <b>{e(str(meta.get('platform')))}</b> ({e(str(meta.get('device')))}), torch {e(str(meta.get('torch')))}, "
-        f"triton {e(str(meta.get('triton')))}, python {e(str(meta.get('python')))}; commit {e(str(meta.get('commit')))}; "
-        f"{e(str(meta.get('date')))}<br>Command: <code>{e(str(meta.get('command')))}</code></p>",
-        f"<p class='totals' id='totals' data-passed='{c['passed']}' data-failed='{n_fail}' data-skipped='{c['skipped']}'>"
-        f"<span class='ok'>{c['passed']} passed</span><span class='{'bad' if n_fail else 'ok'}'>{n_fail} failed</span>"
-        f"<span class='skip'>{c['skipped']} skipped</span> conformance cases. Other tests: {e(str(meta.get('other_tests', '')))}</p>",
-        "<p>Worst error: the largest |kernel - reference| in bf16 ulps of the reference value, over the outputs "
-        "at least 2^-8 of the case's largest (near-zero outputs are judged by the bound alone); in brackets the "
-        "largest error as a fraction of the derived bound, over every output (a case passes at &le; 1). Hover a "
-        "cell for the full reason.</p>",
-        "<h2>Per platform and backend</h2><table id='summary'><tr><th>platform</th><th>backend</th><th>passed</th>"
-        "<th>failed</th><th>skipped</th><th>worst ulps</th></tr>",
+        "<p>Host: <b>{platform}</b> ({device}), torch {torch}, triton {triton}, python {python}; commit {commit}; "
+        "{date}<br>Command: <code>{command}</code></p>".format(**host),
+        f"<p class='totals' id='totals' data-passed='{t['passed']}' data-failed='{n_fail}' data-skipped='{t['skipped']}'>"
+        f"<span class='ok'>{t['passed']} passed</span><span class='{'bad' if n_fail else 'ok'}'>{n_fail} failed</span>"
+        f"<span class='skip'>{t['skipped']} skipped</span> conformance cases. Other tests: {e(str(m.get('other_tests', '')))}</p>",
+        f"<p>{e(_ULPS_NOTE)} Hover a cell for the full reason.</p>",
+        "<h2>Per platform and backend</h2><table id='summary'>" + _html_row(_SUMMARY_HEAD, "th"),
     ]
-    for p, b, n_pass, n_f, n_skip, w in _summary_rows(results):
-        cls = "failed" if n_f else ("passed" if n_pass else "skipped")
-        parts.append(f"<tr><td>{e(p)}</td><td>{e(b)}</td><td>{n_pass}</td><td class='{cls}'>{n_f}</td>"
-                     f"<td>{n_skip}</td><td>{e(w)}</td></tr>")
+    for row in model.summary:
+        cls = "failed" if row.failed else ("passed" if row.passed else "skipped")
+        cells = list(_summary_cells(row))
+        cells[3] = _Markup(f"<td class='{cls}'>{row.failed}</td>")
+        parts.append(_html_row(cells))
     parts.append("</table><h2>Failures</h2>")
-    failures = [r for r in results if r.outcome in ("failed", "error")]
-    other = meta.get("other_failures", [])
-    if not failures and not other:
+    if not model.failures:
         parts.append("<p>None.</p>")
     else:
-        parts.append("<ul id='failures'>")
-        parts += [f"<li><code>{e(r.scheme)}/{e(r.activation)}/{e(r.backend)}/{e(r.platform)}</code>: {e(r.reason)}</li>" for r in failures]
-        parts += [f"<li><code>{e(f['nodeid'])}</code>: {e(f['message'])}</li>" for f in other]
-        parts.append("</ul>")
-    for platform, backends, rows in _matrix(results):
-        if not backends:
-            continue
-        parts.append(f"<h2>Cases on {e(platform)}</h2><table class='matrix' data-platform='{e(platform)}'><tr>"
-                     "<th>scheme</th><th>activation</th>" + "".join(f"<th>{e(b)}</th>" for b in backends) + "</tr>")
-        for (scheme, act), by_b in rows:
-            cells = []
-            for b in backends:
+        parts.append("<ul id='failures'>" + "".join(f"<li><code>{e(what)}</code>: {e(msg)}</li>"
+                                                    for what, msg in model.failures) + "</ul>")
+    for mat in model.matrices:
+        parts.append(f"<h2>Cases on {e(mat.platform)}</h2><table class='matrix' data-platform='{e(mat.platform)}'>"
+                     + _html_row(["scheme", "activation", *mat.backends], "th"))
+        for (scheme, act), by_b in mat.rows:
+            cells = [scheme, act]
+            for b in mat.backends:
                 r = by_b.get(b)
-                if r is None:
-                    cells.append("<td></td>")
-                    continue
-                text = _cell_text(r).replace("**", "")
-                cells.append(f"<td class='{r.outcome}' title='{e(r.reason)}'>{e(text)}</td>")
-            parts.append(f"<tr><td>{e(scheme)}</td><td>{e(act)}</td>{''.join(cells)}</tr>")
+                cells.append("" if r is None else _Markup(
+                    f"<td class='{r.outcome}' title='{e(r.reason)}'>{e(_cell_text(r).replace('**', ''))}</td>"))
+            parts.append(_html_row(cells))
         parts.append("</table>")
-    parts.append("<h2>Skip reasons</h2><table><tr><th>cases</th><th>reason</th></tr>")
-    parts += [f"<tr><td>{n}</td><td>{e(reason)}</td></tr>" for reason, n in _skip_reasons(results)]
+    parts.append("<h2>Skip reasons</h2><table>" + _html_row(["cases", "reason"], "th"))
+    parts += [_html_row([n, reason]) for reason, n in model.skip_reasons]
     parts.append("</table>")
-    if histograms:
+    if model.histograms:
         parts.append("<h2>Error histograms</h2>")
-        for scheme, path in histograms.items():
+        for scheme, path in model.histograms.items():
             data = base64.b64encode(path.read_bytes()).decode()
             parts.append(f"<div><img class='histogram' alt='{e(scheme)} error histogram' src='data:image/png;base64,{data}'></div>")
-    parts.append(f"<h2>Dispatch table</h2><pre id='dispatch'>{e(dispatch)}</pre>")
+    parts.append(f"<h2>Dispatch table</h2><pre id='dispatch'>{e(model.dispatch)}</pre>")
     # the browser test reads this: how many images actually decoded
     parts.append("<script>window.addEventListener('load',()=>{const i=[...document.images];"
                  "document.body.dataset.imagesDecoded=i.filter(x=>x.complete&&x.naturalWidth>0).length;"
                  "document.body.dataset.images=i.length;});</script>")
     parts.append("</body></html>")
     return "\n".join(parts)
+
+
+def render_terminal(model: ReportModel) -> list[str]:
+    """The summary pytest prints at the end: platform x backend pairs that ran a case."""
+    lines = [f"{'platform':<8} {'backend':<34} {'passed':>6} {'failed':>6} {'skipped':>7} {'worst ulps':>10}"]
+    lines += [f"{r.platform:<8} {r.backend:<34} {r.passed:>6} {r.failed:>6} {r.skipped:>7} {r.worst_text:>10}"
+              for r in model.summary if r.ran]
+    skipped_only = sum(1 for r in model.summary if not r.ran)
+    if skipped_only:
+        lines.append(f"({skipped_only} platform x backend pairs only skipped: reasons in the report)")
+    return lines
 
 
 def write_report(results: list[CaseResult], out_dir: Path | str, meta: dict, dispatch: str) -> dict[str, Path]:
@@ -307,8 +351,9 @@ def write_report(results: list[CaseResult], out_dir: Path | str, meta: dict, dis
     payload = dict(meta=meta, dispatch=dispatch, histogram_bins=_histogram_bins(),
                    cases=[asdict(r) for r in results])
     paths["json"].write_text(json.dumps(payload, indent=1, default=str))
-    paths["markdown"].write_text(render_markdown(results, meta, dispatch, histograms, out_dir))
-    paths["html"].write_text(render_html(results, meta, dispatch, histograms))
+    model = ReportModel.build(results, meta, dispatch, histograms)
+    paths["markdown"].write_text(render_markdown(model, out_dir))
+    paths["html"].write_text(render_html(model))
     return {**paths, **{f"histogram:{s}": p for s, p in histograms.items()}}
 
 
