@@ -10,7 +10,9 @@ import torch
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from harness.peers.torchao_adapter import torchao_available, torchao_quantize_mx, torchao_quantize_nvfp4
+from harness.peers.torchao_adapter import (torchao_available, torchao_quantize_mx, torchao_quantize_nvfp4,
+                                          torchao_triton_mx_casts)
+from harness.platforms import has_gpu
 from harness.inputs.strategies import mx_tensor
 from reference.formats import E2M1
 from reference.mx import MX_ELEMENT_FORMATS, ScaleMode, quantize_mx
@@ -19,15 +21,21 @@ from reference.nvfp4 import NVFP4Variant, quantize_nvfp4
 ok, why = torchao_available()
 pytestmark = pytest.mark.skipif(not ok, reason=why)
 
+# torchao's quantizers are torch code: on a GPU the same code runs CUDA's arithmetic (division, log2, casts)
+DEVICES = pytest.mark.parametrize("device", [
+    "cpu", pytest.param("cuda", marks=pytest.mark.skipif(not has_gpu(), reason="no GPU here: torchao's CUDA path "
+                                                                                "runs on the GPU machine"))])
+
 
 @pytest.mark.parametrize("mode", list(ScaleMode), ids=lambda m: m.value)
 @pytest.mark.parametrize("elem", MX_ELEMENT_FORMATS, ids=lambda f: f.name)
+@DEVICES
 @given(data=st.data())
-def test_torchao_to_mx_matches_the_reference(elem, mode, data):
+def test_torchao_to_mx_matches_the_reference(elem, mode, device, data):
     x = data.draw(mx_tensor(elem))
     finite = torch.isfinite(x).all()
     assume(bool(finite))  # NaN/Inf blocks: see the next test
-    codes, scales = torchao_quantize_mx(x, elem, mode)
+    codes, scales = torchao_quantize_mx(x, elem, mode, device)
     q = quantize_mx(x, elem, scale_mode=mode)
     same = scales == q.scales
     if mode is ScaleMode.RCEIL:
@@ -48,15 +56,16 @@ def _rceil_log2_pitfall(x, elem, torchao_scales, ref_scales):
     return (ref_scales.int() == torchao_scales.int() + 1) & (log2 == torch.floor(log2)) & (d != 2.0 ** log2)
 
 
+@DEVICES
 @pytest.mark.parametrize("elem", MX_ELEMENT_FORMATS, ids=lambda f: f.name)
-def test_torchao_divergence_blocks_at_the_smallest_scale_use_2_pow_minus_126(elem):
+def test_torchao_divergence_blocks_at_the_smallest_scale_use_2_pow_minus_126(elem, device):
     """Divergence by design: for a block whose E8M0 scale is 0x00 (2^-127), torchao stores 0x00 but
     divides by 2^-126 (it clamps the fp32 scale to the smallest normal), so its elements are those of
     the next scale up; the reference divides by the 2^-127 it stores."""
     from reference.mx import dequantize_mx
 
     x = torch.tensor([[1.5 * 2.0**-127, 4 * 2.0**-127, -0.5 * 2.0**-127] + [0.0] * 29])  # exact at 2^-127
-    codes, scales = torchao_quantize_mx(x, elem, ScaleMode.FLOOR)
+    codes, scales = torchao_quantize_mx(x, elem, ScaleMode.FLOOR, device)
     q = quantize_mx(x, elem)
     assert scales.tolist() == q.scales.tolist() == [[0]]
     from reference.formats import encode
@@ -66,10 +75,11 @@ def test_torchao_divergence_blocks_at_the_smallest_scale_use_2_pow_minus_126(ele
     assert torch.equal(dequantize_mx(q.codes, q.scales, elem), x)  # the reference's bytes round-trip
 
 
-def test_torchao_marks_nan_blocks_with_the_nan_scale_like_the_reference():
+@DEVICES
+def test_torchao_marks_nan_blocks_with_the_nan_scale_like_the_reference(device):
     x = torch.ones(1, 64)
     x[0, 3] = float("nan")
-    _, scales = torchao_quantize_mx(x, E2M1, ScaleMode.FLOOR)
+    _, scales = torchao_quantize_mx(x, E2M1, ScaleMode.FLOOR, device)
     assert scales[0, 0] == 0xFF and scales[0, 1] == quantize_mx(x, E2M1).scales[0, 1]
 
 
@@ -78,18 +88,19 @@ _TIES_BLOCK = [[6.0, 1.75, -0.25, -1.25, 0.75, 1.25, -5.0, 1.75, -2.5, 3.5, 1.25
 _E2M1_MIDPOINTS = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], dtype=torch.float64)
 
 
-def _nvfp4_pair(x: torch.Tensor):
+def _nvfp4_pair(x: torch.Tensor, device: str):
     amax = x.abs().amax()
     assume(float(amax) > 1e-20)
     s_dec = (amax / 2688.0).float()
-    codes, scales = torchao_quantize_nvfp4(x, s_dec)
+    codes, scales = torchao_quantize_nvfp4(x, s_dec, device)
     return codes, scales, quantize_nvfp4(x, global_decode_scale=s_dec, variant=NVFP4Variant.TORCHAO), s_dec
 
 
+@DEVICES
 @given(data=st.data())
-def test_torchao_nvfp4_matches_the_torchao_variant(data):
+def test_torchao_nvfp4_matches_the_torchao_variant(device, data):
     x = torch.nan_to_num(data.draw(mx_tensor(E2M1, block_size=16))).clamp(-1e4, 1e4)
-    codes, scales, q, s_dec = _nvfp4_pair(x)
+    codes, scales, q, s_dec = _nvfp4_pair(x, device)
     # torchao computes the block scale as fl(fl(amax_b / 6) / s_dec); the reference as
     # fl(fl(amax_b / 6) * fl(1 / s_dec)). The two can differ in the last bit before the E4M3 rounding,
     # so a block scale may differ by one code where it sits on an E4M3 rounding midpoint; elements then
@@ -114,17 +125,44 @@ def _assert_only_ties_differ(x, codes, q, s_dec, same_blocks):
     assert bool((step[off] <= 1.0).all())  # adjacent codes (the widest E2M1 step is 1)
 
 
-def test_torchao_nvfp4_breaks_exact_ties_the_other_way_only_there():
+@DEVICES
+def test_torchao_nvfp4_breaks_exact_ties_the_other_way_only_there(device):
     x = torch.tensor(_TIES_BLOCK)
-    codes, scales, q, s_dec = _nvfp4_pair(x)
+    codes, scales, q, s_dec = _nvfp4_pair(x, device)
     assert torch.equal(scales, q.block_scales)
     assert not torch.equal(codes, q.codes)  # a real divergence, not noise: every element is a tie
     _assert_only_ties_differ(x, codes, q, s_dec, torch.ones_like(x, dtype=torch.bool))
 
 
-def test_torchao_nvfp4_without_a_tensor_scale_clamps_block_scales_at_2_pow_minus_6():
+@DEVICES
+def test_torchao_nvfp4_without_a_tensor_scale_clamps_block_scales_at_2_pow_minus_6(device):
     x = torch.zeros(1, 32)
     x[0, 16:] = 1e-6  # a block whose scale underflows E4M3
-    _, scales = torchao_quantize_nvfp4(x, None)
+    _, scales = torchao_quantize_nvfp4(x, None, device)
     assert scales.tolist() == [[0x08, 0x08]]  # 2^-6 both: the TORCHAO variant's zero and tiny blocks
     assert quantize_nvfp4(x, global_encode_scale=torch.tensor(1.0), variant=NVFP4Variant.TORCHAO).block_scales.tolist() == [[0x08, 0x08]]
+
+
+@pytest.mark.parametrize("mode", list(ScaleMode), ids=lambda m: m.value)
+@given(data=st.data())
+def test_torchao_triton_mxfp8_cast_matches_the_reference(mode, data):
+    """torchao's own Triton kernel (bf16 rows -> MXFP8), where torchao enables it (sm100+); on finite inputs
+    the same bytes as the reference, with the RCEIL log2 pitfall allowed as for to_mx."""
+    cast, reason = torchao_triton_mx_casts()
+    if cast is None:
+        pytest.skip(reason)
+    from reference.formats import E4M3FN
+
+    x = data.draw(mx_tensor(E4M3FN)).bfloat16().float()
+    assume(bool(torch.isfinite(x).all()) and x.shape[-1] % 32 == 0)
+    data8, scale = cast(x.bfloat16().cuda().contiguous(), 32, mode.value)
+    codes = data8.view(torch.uint8).cpu().reshape(x.shape)
+    scales = scale.view(torch.uint8).cpu().reshape(*x.shape[:-1], x.shape[-1] // 32)
+    q = quantize_mx(x, E4M3FN, scale_mode=mode)
+    same = scales == q.scales
+    if mode is ScaleMode.RCEIL:
+        assert bool((same | _rceil_log2_pitfall(x, E4M3FN, scales, q.scales)).all())
+    else:
+        assert torch.equal(scales, q.scales)
+    compared = (same & (q.scales != 0)).repeat_interleave(32, dim=-1)
+    assert torch.equal(codes[compared], q.codes[compared])

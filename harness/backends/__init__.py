@@ -23,6 +23,8 @@ BUILTIN_BACKENDS: dict[str, str] = {
     "torch_emulation": "harness.backends.torch_emulation:make_backend",
     "aiter": "harness.backends.aiter_model:make_backend",
     "dequantize_all": "harness.backends.dequantize_all:make_backend",
+    "torch_grouped_mm": "harness.backends.torch_grouped_mm:make_bf16_backend",
+    "torch_scaled_grouped_mm": "harness.backends.torch_grouped_mm:make_fp8_backend",
 }
 ENTRY_POINT_GROUP = "moe_conformance.backends"
 

@@ -24,7 +24,8 @@ from reference.activations import activation_by_name
 from reference.schemes import scheme_by_name
 
 GPU = has_gpu()
-BACKENDS = ("triton_emulation", "triton_dot_scaled", "dequantize_all", "torch_fp8")
+BACKENDS = ("triton_emulation", "triton_dot_scaled", "dequantize_all", "torch_fp8", "torch_grouped_mm",
+            "torch_scaled_grouped_mm")
 ROUNDS = 20
 
 
