@@ -31,6 +31,10 @@ class DequantizeAllBaseline(TritonEmulationBackend):
     name = "dequantize_all"
     operand_dtype = torch.bfloat16
     numerical_structure = "rounded_terms"  # triton_emulation's kernels do the rest
+    # the reference dequantizers validate their inputs (host syncs), so the benchmark times this eagerly, as
+    # vLLM's emulation runs (a failed CUDA-graph capture also strands its memory pool: the H200 run of
+    # 2026-12-01 ran out of memory after one)
+    graph_capturable = False
 
     def supports(self, problem, platform):
         if problem.scheme.weight is None:

@@ -57,8 +57,17 @@ def capture(fn, warmup: int = 2):
             fn()
     torch.cuda.current_stream().wait_stream(s)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
+    try:
+        with torch.cuda.graph(graph):
+            out = fn()
+    except Exception:
+        # a failed capture keeps its private memory pool while the graph lives: release it, or every later
+        # benchmark in the session runs out of memory
+        graph.reset()
+        del graph
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        raise
     return graph.replay, out
 
 
