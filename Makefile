@@ -15,7 +15,7 @@ SETUP  ?= $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,torchao]'
+	$(PY) -m pip install -q -e '.[test,torchao,jax]'
 	touch $(STAMP)
 
 # The HTML report is checked in a real browser: Debian's chromium, installed here when missing.

@@ -1,5 +1,6 @@
-"""torch's grouped-GEMM backends (harness.backends.torch_grouped_mm) on the CPU: the row grouping, the scale
-expansion and the glue around the GEMMs. torch._grouped_mm runs here (torch's CPU fallback), so the bf16
+"""The grouped-GEMM backends (harness.backends.torch_grouped_mm, harness.backends.jax_ragged_dot) on the
+CPU: the row grouping, the scale expansion and the glue around the GEMMs. JAX's ragged dot runs here as it
+is (jax's CPU build). torch._grouped_mm runs here (torch's CPU fallback), so the bf16
 backend is judged by the real op; torch._scaled_grouped_mm is CUDA-only, so the FP8 backend runs here with an
 fp32 emulation of that op in its place (the GPU run is recorded in results/). Each piece of glue that can be
 wrong is shown to fail the conformance check when it is."""
@@ -13,7 +14,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.backends.torch_grouped_mm import (TorchGroupedMMBackend, TorchScaledGroupedMMBackend, group_rows)
+from harness.backends.jax_ragged_dot import JaxRaggedDotBackend
+from harness.backends.torch_grouped_mm import TorchGroupedMMBackend, TorchScaledGroupedMMBackend, group_rows
 from harness.core.conformance import SHAPES, ConformanceCase, run_case, run_drawn_case
 from harness.platforms import PLATFORMS
 from reference.activations import ACTIVATIONS
@@ -148,3 +150,46 @@ def test_wrong_fp8_glue_fails_conformance(wrong):
 def test_gate_and_up_swapped_fails_bf16_conformance():
     case = ConformanceCase("torch_grouped_mm", PLATFORMS["cpu"], SCHEMES["bf16"], ACTIVATIONS["SILU"])
     assert not run_case(_GateUpSwapped(device="cpu"), case, SHAPES["cpu"]).ok
+
+
+# ---- JAX's ragged dot ----------------------------------------------------------------------------------
+
+_JAX_OK, _JAX_WHY = JaxRaggedDotBackend(device="cpu").available(PLATFORMS["cpu"])
+needs_jax = pytest.mark.skipif(not _JAX_OK, reason=_JAX_WHY)
+
+
+@needs_jax
+@pytest.mark.parametrize("act", ["SILU", "GELU", "SWIGLUOAI"])
+def test_jax_ragged_dot_bf16_passes(act):
+    case = ConformanceCase("jax_ragged_dot", PLATFORMS["cpu"], SCHEMES["bf16"], ACTIVATIONS[act])
+    result = run_case(JaxRaggedDotBackend(device="cpu"), case, SHAPES["cpu"])
+    assert result.ok, result.message
+
+
+@needs_jax
+@given(tokens=st.integers(0, 20), routing=st.sampled_from(["random", "all_to_one", "skip_experts"]))
+def test_jax_ragged_dot_holds_for_any_tokens_and_routing(tokens, routing):
+    result = run_drawn_case(JaxRaggedDotBackend(device="cpu"), "bf16", "SILU", PLATFORMS["cpu"], SHAPES["cpu"], 0,
+                            tokens, 3, routing)
+    assert not isinstance(result, str), result
+    assert result.ok, result.message
+
+
+class _CumulativeGroupSizes(JaxRaggedDotBackend):
+    """The grouped GEMMs' `offs` (ends) passed where ragged_dot wants group sizes."""
+
+    @staticmethod
+    def _gemm(prep, name, a, groups):
+        import jax
+
+        from harness.backends import jax_ragged_dot
+
+        out = jax_ragged_dot._ragged_dot_nk(jax.dlpack.from_dlpack(a.to(torch.bfloat16).contiguous()), prep[name],
+                                            jax.dlpack.from_dlpack(groups.offsets.contiguous()))
+        return torch.from_dlpack(out)
+
+
+@needs_jax
+def test_ragged_dot_given_offsets_for_sizes_fails():
+    case = ConformanceCase("jax_ragged_dot", PLATFORMS["cpu"], SCHEMES["bf16"], ACTIVATIONS["SILU"])
+    assert not run_case(_CumulativeGroupSizes(device="cpu"), case, SHAPES["cpu"]).ok

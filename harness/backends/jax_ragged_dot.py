@@ -1,0 +1,87 @@
+"""jax_ragged_dot: the bf16 MoE with both grouped GEMMs done by XLA's ragged dot (jax.lax.ragged_dot_general,
+how JAX models such as MaxText run their experts), a kernel family we did not write and that torch does not
+share. The tensors cross between torch and JAX by DLPack without copies; the glue around the GEMMs (grouping,
+activation, weighted top-k sum) is torch_grouped_mm's, so a difference between the two backends is a
+difference of their GEMMs. Declared structure: rounded_terms (each ragged dot returns bf16, its fp32
+accumulator rounded once; XLA's choice, which the suite checks).
+
+The two runtimes do not share CUDA streams: the torch stream is synchronised before JAX reads a tensor and
+JAX's result is waited for before torch reads it, so the launch is not CUDA-graph capturable (the benchmark
+times it eagerly)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from reference.checkpoints import MoECheckpoint
+
+from .torch_grouped_mm import TorchGroupedMMBackend
+
+__all__ = ["JaxRaggedDotBackend", "make_backend"]
+
+# JAX would otherwise take 75% of the GPU's memory at start-up, beside torch's checkpoint
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+try:
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    _JAX_ERROR = ""
+except Exception as exc:  # not installed, or a jaxlib that does not load here
+    jax = None
+    _JAX_ERROR = f"jax is not importable here ({type(exc).__name__}: {exc})"
+
+
+def _ragged_dot_nk(a, w_nk, group_sizes):
+    """rows of a [M, K] against their group's weight [E, N, K] (contracting K with the weights' last dim: the
+    checkpoint layout, no transpose), bf16 out."""
+    dims = lax.RaggedDotDimensionNumbers(dot_dimension_numbers=(([1], [2]), ([], [])), lhs_ragged_dimensions=[0],
+                                         rhs_group_dimensions=[0])
+    return lax.ragged_dot_general(a, w_nk, group_sizes, dims, preferred_element_type=jnp.bfloat16)
+
+
+_JITTED = {}
+
+
+class JaxRaggedDotBackend(TorchGroupedMMBackend):
+    name = "jax_ragged_dot"
+    graph_capturable = False  # JAX's stream is not torch's (see the module docstring)
+
+    def supports(self, problem, platform) -> tuple[bool, str]:
+        if problem.scheme.weight is not None or problem.scheme.act is not None:
+            return False, "jax.lax.ragged_dot path: the bf16 MoE (scheme bf16) only"
+        return self._common_supports(problem)
+
+    def available(self, platform) -> tuple[bool, str]:
+        if jax is None:
+            return False, _JAX_ERROR
+        want = "gpu" if str(self.device).startswith("cuda") else "cpu"
+        if not any(d.platform == want for d in jax.devices()):
+            return False, f"jax {jax.__version__} sees no {want} device here ({jax.devices()})"
+        return True, ""
+
+    def prepare(self, ckpt: MoECheckpoint):
+        dev = self.device
+        sync = torch.cuda.synchronize if str(dev).startswith("cuda") else (lambda: None)
+        w13, w2 = (getattr(ckpt, n).data.to(dev).contiguous() for n in ("w13", "w2"))
+        sync()
+        # [E, N, K] as stored: the ragged dot contracts K in place (zero-copy views through DLPack)
+        return dict(ckpt=ckpt, w13=jax.dlpack.from_dlpack(w13), w2=jax.dlpack.from_dlpack(w2), torch_weights=(w13, w2),
+                    sync=sync)
+
+    @staticmethod
+    def _gemm(prep, name, a, groups):
+        if "fn" not in _JITTED:
+            _JITTED["fn"] = jax.jit(_ragged_dot_nk)
+        sizes = torch.diff(groups.offsets, prepend=groups.offsets.new_zeros(1))
+        a = a.to(torch.bfloat16).contiguous()
+        prep["sync"]()  # JAX reads on its own stream
+        out = _JITTED["fn"](jax.dlpack.from_dlpack(a), prep[name], jax.dlpack.from_dlpack(sizes.contiguous()))
+        out.block_until_ready()  # torch reads on its own stream
+        return torch.from_dlpack(out)
+
+
+def make_backend() -> JaxRaggedDotBackend:
+    return JaxRaggedDotBackend()
