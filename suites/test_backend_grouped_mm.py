@@ -184,7 +184,7 @@ class _CumulativeGroupSizes(JaxRaggedDotBackend):
 
         from harness.backends import jax_ragged_dot
 
-        out = jax_ragged_dot._ragged_dot_nk(jax.dlpack.from_dlpack(a.to(torch.bfloat16).contiguous()), prep[name],
+        out = jax_ragged_dot._ragged_dot(jax.dlpack.from_dlpack(a.to(torch.bfloat16).contiguous()), prep[name],
                                             jax.dlpack.from_dlpack(groups.offsets.contiguous()))
         return torch.from_dlpack(out)
 

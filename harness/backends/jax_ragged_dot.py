@@ -1,6 +1,7 @@
-"""jax_ragged_dot: the bf16 MoE with both grouped GEMMs done by XLA's ragged dot (jax.lax.ragged_dot_general,
+"""jax_ragged_dot: the bf16 MoE with both grouped GEMMs done by XLA's ragged dot (jax.lax.ragged_dot,
 how JAX models such as MaxText run their experts), a kernel family we did not write and that torch does not
-share. The tensors cross between torch and JAX by DLPack without copies; the glue around the GEMMs (grouping,
+share. The tensors cross between torch and JAX by DLPack without copies (the weights are laid out [E, K, N]
+once in prepare()); the glue around the GEMMs (grouping,
 activation, weighted top-k sum) is torch_grouped_mm's, so a difference between the two backends is a
 difference of their GEMMs. Declared structure: rounded_terms (each ragged dot returns bf16, its fp32
 accumulator rounded once; XLA's choice, which the suite checks).
@@ -21,8 +22,10 @@ from .torch_grouped_mm import TorchGroupedMMBackend
 
 __all__ = ["JaxRaggedDotBackend", "make_backend"]
 
-# JAX would otherwise take 75% of the GPU's memory at start-up, beside torch's checkpoint
+# JAX would otherwise take 75% of the GPU's memory at start-up, and keep what it freed in its own pool, beside
+# torch's checkpoint and torch's allocator (the H200 run of 2026-12-01 ran torch out of memory after it)
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+os.environ.setdefault("XLA_PYTHON_CLIENT_ALLOCATOR", "platform")
 try:
     import jax
     import jax.numpy as jnp
@@ -34,12 +37,9 @@ except Exception as exc:  # not installed, or a jaxlib that does not load here
     _JAX_ERROR = f"jax is not importable here ({type(exc).__name__}: {exc})"
 
 
-def _ragged_dot_nk(a, w_nk, group_sizes):
-    """rows of a [M, K] against their group's weight [E, N, K] (contracting K with the weights' last dim: the
-    checkpoint layout, no transpose), bf16 out."""
-    dims = lax.RaggedDotDimensionNumbers(dot_dimension_numbers=(([1], [2]), ([], [])), lhs_ragged_dimensions=[0],
-                                         rhs_group_dimensions=[0])
-    return lax.ragged_dot_general(a, w_nk, group_sizes, dims, preferred_element_type=jnp.bfloat16)
+def _ragged_dot(a, w_kn, group_sizes):
+    """rows of a [M, K] against their group's weight [E, K, N], bf16 out."""
+    return lax.ragged_dot(a, w_kn, group_sizes, preferred_element_type=jnp.bfloat16)
 
 
 _JITTED = {}
@@ -65,16 +65,17 @@ class JaxRaggedDotBackend(TorchGroupedMMBackend):
     def prepare(self, ckpt: MoECheckpoint):
         dev = self.device
         sync = torch.cuda.synchronize if str(dev).startswith("cuda") else (lambda: None)
-        w13, w2 = (getattr(ckpt, n).data.to(dev).contiguous() for n in ("w13", "w2"))
+        # [E, K, N], once: handed the checkpoint's [E, N, K], XLA transposed all experts' weights in every call
+        # (29 ms at one token on Kimi-K2 on the H200, the time of a 34 GB read and write)
+        w13, w2 = (getattr(ckpt, n).data.to(dev).transpose(-2, -1).contiguous() for n in ("w13", "w2"))
         sync()
-        # [E, N, K] as stored: the ragged dot contracts K in place (zero-copy views through DLPack)
         return dict(ckpt=ckpt, w13=jax.dlpack.from_dlpack(w13), w2=jax.dlpack.from_dlpack(w2), torch_weights=(w13, w2),
                     sync=sync)
 
     @staticmethod
     def _gemm(prep, name, a, groups):
         if "fn" not in _JITTED:
-            _JITTED["fn"] = jax.jit(_ragged_dot_nk)
+            _JITTED["fn"] = jax.jit(_ragged_dot)
         sizes = torch.diff(groups.offsets, prepend=groups.offsets.new_zeros(1))
         a = a.to(torch.bfloat16).contiguous()
         prep["sync"]()  # JAX reads on its own stream
