@@ -37,9 +37,9 @@ except Exception as exc:  # not installed, or a jaxlib that does not load here
     _JAX_ERROR = f"jax is not importable here ({type(exc).__name__}: {exc})"
 
 
-def _ragged_dot(a, w_kn, group_sizes):
-    """rows of a [M, K] against their group's weight [E, K, N], bf16 out."""
-    return lax.ragged_dot(a, w_kn, group_sizes, preferred_element_type=jnp.bfloat16)
+def _ragged_dot(a, w_kn, group_sizes, out_dtype):
+    """rows of a [M, K] against their group's weight [E, K, N], out_dtype ("float32" or "bfloat16") out."""
+    return lax.ragged_dot(a, w_kn, group_sizes, preferred_element_type=jnp.dtype(out_dtype))
 
 
 _JITTED = {}
@@ -48,6 +48,13 @@ _JITTED = {}
 class JaxRaggedDotBackend(TorchGroupedMMBackend):
     name = "jax_ragged_dot"
     graph_capturable = False  # JAX's stream is not torch's (see the module docstring)
+
+    def __init__(self, device: str | None = None, out_dtype: str = "float32"):
+        super().__init__(device)
+        # float32: XLA returns its fp32 accumulator and torch rounds it to bf16 once (the declared structure).
+        # "bfloat16" (what ragged_dot returns for bf16 operands by default) rounds more than once on the H200
+        # at small M (README, "What the suites found"; tools/repro_jax_ragged_dot.py)
+        self.out_dtype = out_dtype
 
     def supports(self, problem, platform) -> tuple[bool, str]:
         if problem.scheme.weight is not None or problem.scheme.act is not None:
@@ -72,16 +79,16 @@ class JaxRaggedDotBackend(TorchGroupedMMBackend):
         return dict(ckpt=ckpt, w13=jax.dlpack.from_dlpack(w13), w2=jax.dlpack.from_dlpack(w2), torch_weights=(w13, w2),
                     sync=sync)
 
-    @staticmethod
-    def _gemm(prep, name, a, groups):
-        if "fn" not in _JITTED:
-            _JITTED["fn"] = jax.jit(_ragged_dot)
+    def _gemm(self, prep, name, a, groups):
+        if self.out_dtype not in _JITTED:
+            _JITTED[self.out_dtype] = jax.jit(_ragged_dot, static_argnums=3)
         sizes = torch.diff(groups.offsets, prepend=groups.offsets.new_zeros(1))
         a = a.to(torch.bfloat16).contiguous()
         prep["sync"]()  # JAX reads on its own stream
-        out = _JITTED["fn"](jax.dlpack.from_dlpack(a), prep[name], jax.dlpack.from_dlpack(sizes.contiguous()))
+        out = _JITTED[self.out_dtype](jax.dlpack.from_dlpack(a), prep[name], jax.dlpack.from_dlpack(sizes.contiguous()),
+                                      self.out_dtype)
         out.block_until_ready()  # torch reads on its own stream
-        return torch.from_dlpack(out)
+        return torch.from_dlpack(out).to(torch.bfloat16)
 
 
 def make_backend() -> JaxRaggedDotBackend:
