@@ -27,7 +27,7 @@ test: $(SETUP) browser
 # PROFILE=nightly SUITES="suites --ignore=suites/bench" is the nightly GPU leg (every suite but the
 # benchmarks, which make bench runs; many examples, database written).
 PROFILE ?= ci
-SUITES  ?= suites/test_conformance.py
+SUITES  ?= suites/test_conformance.py suites/test_parallel_conformance.py
 conformance: $(SETUP)
 	rm -rf report && mkdir -p report
 	$(PYTEST) $(SUITES) --hypothesis-profile=$(PROFILE) -n auto \

@@ -62,7 +62,10 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # One thread per xdist worker: workers x torch threads on few cores thrash (seen: 2x slower).
     import torch
 
+    from harness.platforms import pin_worker_to_gpu
+
     torch.set_num_threads(1)
+    pin_worker_to_gpu(os.environ["PYTEST_XDIST_WORKER"])  # several GPUs: worker N on GPU N mod count
 
 
 def pytest_addoption(parser):

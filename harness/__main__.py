@@ -157,6 +157,49 @@ def _backends(args) -> int:
     return 0
 
 
+def _parallel(args) -> int:
+    """Sharded conformance: simulated rank by rank here, or one process per rank (NCCL on GPUs, gloo on CPUs)."""
+    from harness.backends import load_backend
+    from harness.parallel import Parallelism
+    from harness.parallel.distributed import DistributedCase, run_distributed
+    from harness.parallel.sharding import PARALLEL_CASES, parallel_shape, run_parallel_case
+    from harness.platforms import detect_platform
+    from reference.activations import ACTIVATIONS
+    from reference.schemes import SCHEMES
+
+    cases = [(s, a) for s, a in PARALLEL_CASES if (not args.scheme or s in args.scheme)]
+    cases += [(s, a) for s in (args.scheme or []) for a in (args.activation or []) if (s, a) not in cases]
+    backends = args.backend or ["triton_emulation"]
+    tp = args.tp or (2 if args.ep == 1 else 1)
+    try:
+        par = Parallelism(tp=tp, ep=args.ep)
+    except ValueError as exc:
+        print(f"python -m harness parallel: {exc}", file=sys.stderr)
+        return 2
+    failed = 0
+    if args.world == "simulated":
+        host = detect_platform()
+        verdicts = []
+        for name in backends:
+            backend = load_backend(name)
+            for s, a in cases:
+                r = run_parallel_case(backend, SCHEMES[s], ACTIVATIONS[a], host, par, parallel_shape(SCHEMES[s], host.is_gpu))
+                case = f"{s}/{a}/{name}/{par.label}"
+                verdicts.append(dict(case=case, outcome="skipped", reason=r) if isinstance(r, str) else dict(
+                    case=case, outcome="passed" if r.ok else "failed", reason="" if r.ok else r.message(),
+                    worst_ulps=r.worst_ulps, max_ratio=r.max_ratio))
+    else:
+        verdicts = run_distributed([DistributedCase(name, s, a, tp=tp, ep=args.ep) for name in backends
+                                    for s, a in cases], args.world)
+    for v in verdicts:
+        failed += v["outcome"] == "failed"
+        numbers = f" worst {v['worst_ulps']:.3g} ulp, {v['max_ratio']:.2f} of the bound" if "worst_ulps" in v else ""
+        print(f"{v['outcome']:<8} {v['case']} ({args.world}){numbers}{': ' + v['reason'].splitlines()[0] if v['reason'] else ''}")
+    print(f"{sum(v['outcome'] == 'passed' for v in verdicts)} passed, {failed} failed, "
+          f"{sum(v['outcome'] == 'skipped' for v in verdicts)} skipped")
+    return 1 if failed else 0
+
+
 def _matrix(_args) -> int:
     from harness.outputs.matrix import nightly_matrix_json
 
@@ -173,6 +216,7 @@ COMMANDS = {
     "backends": (_backends, "every registered backend: its structure, what it supports per platform, whether it runs here"),
     "matrix": (_matrix, "the nightly GPU CI matrix (JSON for GitHub Actions' strategy.matrix), from the platform data"),
     "bench-reference": (_bench_reference, "CPU throughput of the reference quantizers"),
+    "parallel": (_parallel, "sharded (TP/EP) conformance: simulated, or one process per rank over NCCL/gloo"),
 }
 
 
@@ -201,6 +245,16 @@ def main(argv: list[str] | None = None) -> int:
         p = sub.add_parser(name, help=help_text)
         if name in ("oracle", "backends"):
             p.add_argument("--backend", action="append", default=[], help="extra backend module:factory")
+        if name == "parallel":
+            p.add_argument("--world", choices=["simulated", "nccl", "gloo"], default="simulated",
+                           help="simulated: every rank in turn in this process; nccl: one GPU per rank; gloo: CPU ranks")
+            p.add_argument("--tp", type=_positive_int(1), default=None, help="default 2, or 1 with --ep")
+            p.add_argument("--ep", type=_positive_int(1), default=1)
+            p.add_argument("--backend", action="append", default=[], help="registered name or module:factory "
+                           "(repeatable; default triton_emulation)")
+            p.add_argument("--scheme", action="append", choices=list(SCHEMES), help="only these schemes")
+            p.add_argument("--activation", action="append", choices=list(ACTIVATIONS),
+                           help="with --scheme: these activations too")
         if name == "oracle":
             p.add_argument("--platform", default="cpu", choices=list(PLATFORMS))
             p.add_argument("--all", action="store_true", help="every platform")

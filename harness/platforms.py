@@ -117,3 +117,18 @@ def has_gpu() -> bool:
 def default_device() -> str:
     """Where backends put their tensors by default: "cuda" when a GPU is visible, else "cpu"."""
     return "cuda" if has_gpu() else "cpu"
+
+
+def gpu_count() -> int:
+    return torch.cuda.device_count() if has_gpu() else 0
+
+
+def pin_worker_to_gpu(worker: str | None) -> int | None:
+    """On a machine with several GPUs, pytest-xdist worker gwN uses GPU N mod count ("cuda" then means it):
+    conformance cases spread over the GPUs. Returns the GPU index, or None (no xdist worker, one GPU or none)."""
+    n = gpu_count()
+    if not worker or n < 2 or not worker.startswith("gw") or not worker[2:].isdigit():
+        return None
+    index = int(worker[2:]) % n
+    torch.cuda.set_device(index)
+    return index

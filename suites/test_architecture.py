@@ -14,7 +14,7 @@ LAYERS = (
     ("harness.platforms", "harness.inputs"),
     ("harness.backends", "harness.peers"),
     ("harness.core",),
-    ("harness.detection", "harness.bench"),
+    ("harness.detection", "harness.bench", "harness.parallel"),
     ("harness.outputs", "harness.__main__"),
 )
 
