@@ -151,6 +151,8 @@ def test_same_input_gives_bit_identical_output_run_to_run():
     (["bench-reference", "--rows", "-4"], "argument --rows: expected a positive int, got -4"),
     (["bench-reference", "--cols", "33"], "argument --cols: expected a positive multiple of 32, got 33"),
     (["bench-reference", "--cols", "many"], "argument --cols: expected an int, got 'many'"),
+    (["parallel", "--tp", "2", "--ep", "2"], "TP and EP together (tp=2, ep=2) is not modelled"),
+    (["parallel", "--world", "mpi"], "argument --world: invalid choice: 'mpi'"),
 ])
 def test_the_cli_answers_bad_arguments_like_argparse(args, words):
     proc = subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True)

@@ -136,3 +136,16 @@ def test_intermediate_padding_to_whole_blocks_per_rank(scheme, tp, padded):
     TP=4: 90 MX blocks -> 2944); unquantized weights need none."""
     shape = parallel_shape(SCHEMES[scheme], False)
     assert padded_intermediate(case_checkpoint(scheme, "SILU", "e4m3fn", shape, 0, False), tp) == padded
+
+
+def test_a_backends_declared_multiple_pads_each_rank_share():
+    """torch's FP8 GEMMs want multiples of 16: under TP=4 the GPU shape's I = 288 would give 72 per rank (the
+    H200 refused it); the backend declares 16 and each share is padded to 80."""
+    from harness.backends import load_backend
+    from harness.parallel.sharding import with_backend_padding
+
+    shape = parallel_shape(SCHEMES["w_fp8_a_fp8"], True)
+    ckpt = case_checkpoint("w_fp8_a_fp8", "SILU", "e4m3fn", shape, 0, False)
+    par = with_backend_padding(Parallelism(tp=4), load_backend("torch_fp8"))
+    assert par.intermediate_multiple == 16
+    assert [s.intermediate_size for s in CANONICAL.shard(ckpt, par)] == [80] * 4

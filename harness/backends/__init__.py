@@ -8,12 +8,14 @@ import importlib
 import re
 from importlib.metadata import entry_points
 
-from .base import (Backend, Declined, Problem, backend_accumulation_error, backend_available, backend_operand_dtype,
+from .base import (Backend, Declined, Problem, backend_accumulation_error, backend_available,
+                   backend_intermediate_multiple, backend_operand_dtype,
                    backend_known_failures, backend_prepare, backend_structure, checked_supports, KnownFailure)
 
 __all__ = ["BUILTIN_BACKENDS", "BACKEND_NAME", "ENTRY_POINT_GROUP", "load_backend", "registered_backends", "Backend", "Problem",
            "backend_available", "backend_operand_dtype", "backend_accumulation_error", "backend_structure",
-           "backend_prepare", "Declined", "checked_supports", "KnownFailure", "backend_known_failures"]
+           "backend_prepare", "Declined", "checked_supports", "KnownFailure", "backend_known_failures",
+           "backend_intermediate_multiple"]
 
 BUILTIN_BACKENDS: dict[str, str] = {
     "triton_emulation": "harness.backends.triton_emulation:make_backend",

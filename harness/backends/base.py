@@ -15,6 +15,8 @@ Optional:
                                         operands to bf16; the derived bound depends on it
   accumulation_error: float             0 (default) for fp32 GEMM accumulation; else the extra error of its
                                         hardware accumulator relative to sum|a||w| (see torch_fp8)
+  intermediate_multiple: int            a rank's share of I under tensor parallelism is padded (with zero
+                                        weights) to a multiple of this (default 1; torch's FP8 GEMMs: 16)
   known_failures: tuple[KnownFailure, ...]
                                         special-value cases it is known to get wrong (run as strict xfails);
                                         its prepare() may decline them while decline_known_failures is set
@@ -41,6 +43,7 @@ from reference.schemes import Scheme
 from reference.structure import DEFAULT_STRUCTURE, NumericalStructure, structure_by_name
 
 __all__ = ["Problem", "Backend", "backend_operand_dtype", "backend_accumulation_error", "backend_available",
+           "backend_intermediate_multiple",
            "backend_structure", "backend_prepare", "Declined", "checked_supports", "KnownFailure",
            "backend_known_failures"]
 
@@ -92,6 +95,13 @@ def backend_operand_dtype(backend) -> torch.dtype:
 
 def backend_accumulation_error(backend) -> float:
     return getattr(backend, "accumulation_error", 0.0)
+
+
+def backend_intermediate_multiple(backend) -> int:
+    m = getattr(backend, "intermediate_multiple", 1)
+    if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+        raise TypeError(f"backend {backend.name!r}: intermediate_multiple must be a positive int, got {m!r}")
+    return m
 
 
 def backend_available(backend, platform) -> tuple[bool, str]:

@@ -33,6 +33,7 @@ class TorchFP8Backend:
     # _scaled_mm rounds each GEMM's scaled fp32 accumulator to bf16; the activation is fp32, rounded once;
     # the weighted top-k sum is fp32 over the rounded rows; activations are quantized as x / scale
     numerical_structure = STRUCTURES["rounded_terms"]
+    intermediate_multiple = 16  # _scaled_mm wants every dim a multiple of 16 (a TP share of I is padded to it)
 
     def __init__(self):
         self.device = default_device()
@@ -46,6 +47,9 @@ class TorchFP8Backend:
         if problem.has_bias:
             return False, ("torch._scaled_mm returns bf16 with the bias added in bf16; an fp32 checkpoint bias "
                            "would be rounded before the rounding point")
+        if problem.hidden_size % 16 or problem.intermediate_size % 16:
+            return False, (f"torch._scaled_mm wants H and I multiples of 16, got H={problem.hidden_size}, "
+                           f"I={problem.intermediate_size}")
         return True, f"torch._scaled_mm with {platform.fp8_format.name}"
 
     def available(self, platform) -> tuple[bool, str]:

@@ -157,6 +157,7 @@ class TorchScaledGroupedMMBackend(_GroupedMoE):
     # the same Hopper FP8 tensor cores as torch_fp8 (its measurement and reasoning: a narrow adder per k-chunk,
     # promoted to fp32)
     accumulation_error = 2.0**-11
+    intermediate_multiple = 16  # FP8 GEMM dims must be multiples of 16 (a TP share of I is padded to it)
 
     def __init__(self, device: str | None = None, scaled_grouped_mm=None, row_alignment: int = 1):
         super().__init__(device)
@@ -175,6 +176,9 @@ class TorchScaledGroupedMMBackend(_GroupedMoE):
         if problem.scheme.name != "w_fp8_a_fp8" or w.granularity is not Granularity.PER_TENSOR:
             return False, ("torch._scaled_grouped_mm takes rowwise scales: w_fp8_a_fp8 (per-tensor static scales, "
                            "expanded exactly) only")
+        if problem.hidden_size % 16 or problem.intermediate_size % 16:
+            return False, (f"torch._scaled_grouped_mm wants H and I multiples of 16 (the H200 refused 72), got "
+                           f"H={problem.hidden_size}, I={problem.intermediate_size}")
         return self._common_supports(problem)
 
     def available(self, platform) -> tuple[bool, str]:

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from .sharding import CANONICAL, Parallelism, parallel_shape, sharded_reference
+from .sharding import CANONICAL, Parallelism, parallel_shape, sharded_reference, with_backend_padding
 
 __all__ = ["DistributedCase", "run_distributed", "WORLDS"]
 
@@ -72,10 +72,10 @@ def _rank_main(rank: int, world: str, size: int, port: int, cases: list[dict], o
     try:
         for raw in cases:
             case = DistributedCase(**raw)
-            par = case.parallelism
             scheme, act = SCHEMES[case.scheme], ACTIVATIONS[case.activation]
             shape = parallel_shape(scheme, world == "nccl")
             backend = load_backend(case.backend)
+            par = with_backend_padding(case.parallelism, backend)
             full = case_checkpoint(case.scheme, case.activation, platform.fp8_format.name, shape, case.seed, True)
             shards = CANONICAL.shard(full, par)
             local_shape = shape.__class__(shards[0].num_experts, shape.hidden_size, shards[0].intermediate_size,

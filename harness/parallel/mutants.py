@@ -32,7 +32,7 @@ class _PaddingLeaks(Sharder):
     def shard(self, ckpt, par):
         if par.tp == 1:
             return super().shard(ckpt, par)
-        isz, new = ckpt.intermediate_size, padded_intermediate(ckpt, par.tp)
+        isz, new = ckpt.intermediate_size, padded_intermediate(ckpt, par.tp, par.intermediate_multiple)
         w13 = dequantize_weight(ckpt.w13, ckpt.scheme.weight, ckpt)
         w2 = dequantize_weight(ckpt.w2, ckpt.scheme.weight, ckpt)
         extra = new - isz
@@ -59,7 +59,7 @@ class _BlockSplitRequantized(Sharder):
             return super().shard(ckpt, par)
         isz = ckpt.intermediate_size
         per = -(-isz // par.tp)
-        block = padded_intermediate(ckpt, 1)  # the scheme's own multiple for I
+        block = padded_intermediate(ckpt, 1, par.intermediate_multiple)  # the scheme's own multiple for I
         local = -(-per // block) * block
         w13 = dequantize_weight(ckpt.w13, ckpt.scheme.weight, ckpt)
         w2 = dequantize_weight(ckpt.w2, ckpt.scheme.weight, ckpt)

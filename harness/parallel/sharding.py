@@ -34,7 +34,8 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.backends import backend_accumulation_error, backend_operand_dtype, backend_prepare, backend_structure
+from harness.backends import (backend_accumulation_error, backend_intermediate_multiple, backend_operand_dtype,
+                              backend_prepare, backend_structure)
 from harness.core.guard import guarded_call
 from harness.core.tolerances import ErrorBound, U_BF16, _through_rounding, compare, gamma, moe_error_bound
 from reference.checkpoints import MoECheckpoint, QuantizedWeight
@@ -42,7 +43,7 @@ from reference.moe import fused_moe, static_activation_scales
 from reference.structure import NumericalStructure, Precision, RouterWeight, round_to
 
 __all__ = ["Parallelism", "Sharder", "CANONICAL", "intermediate_block", "padded_intermediate", "sharded_reference",
-           "run_sharded", "check_parallel_structure", "PARALLEL_SHAPES", "PARALLEL_CASES", "parallel_shape",
+           "run_sharded", "check_parallel_structure", "with_backend_padding", "PARALLEL_SHAPES", "PARALLEL_CASES", "parallel_shape",
            "run_parallel_case"]
 
 
@@ -51,9 +52,12 @@ class Parallelism:
     tp: int = 1
     ep: int = 1
     reduce: Precision = Precision.BF16  # the all-reduce of the partial outputs
+    # a rank's share of I is padded to a multiple of this too: the backend's declared padding rule
+    # (harness.backends.backend_intermediate_multiple; torch's FP8 GEMMs want multiples of 16)
+    intermediate_multiple: int = 1
 
     def __post_init__(self):
-        for name in ("tp", "ep"):
+        for name in ("tp", "ep", "intermediate_multiple"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"Parallelism.{name} must be a positive int, got {v!r}")
@@ -71,11 +75,11 @@ class Parallelism:
         return f"tp{self.tp}" if self.tp > 1 else f"ep{self.ep}" if self.ep > 1 else "tp1"
 
 
-def intermediate_block(ckpt: MoECheckpoint) -> int:
+def intermediate_block(ckpt: MoECheckpoint, backend_multiple: int = 1) -> int:
     """The block a rank's share of I must be a multiple of: w2's scale block along K (I), the intermediate
-    activation's quantization block, w13's scale block along its rows (FP8 128x128)."""
+    activation's quantization block, w13's scale block along its rows (FP8 128x128), the backend's own."""
     s = ckpt.scheme
-    blocks = [1]
+    blocks = [1, backend_multiple]
     if s.weight is not None:
         blocks += [s.weight.kind.k_block(s.weight), s.weight.kind.n_block(s.weight)]
     if s.act is not None:
@@ -83,8 +87,8 @@ def intermediate_block(ckpt: MoECheckpoint) -> int:
     return math.lcm(*blocks)
 
 
-def padded_intermediate(ckpt: MoECheckpoint, tp: int) -> int:
-    m = tp * intermediate_block(ckpt)
+def padded_intermediate(ckpt: MoECheckpoint, tp: int, backend_multiple: int = 1) -> int:
+    m = tp * intermediate_block(ckpt, backend_multiple)
     return -(-ckpt.intermediate_size // m) * m
 
 
@@ -208,7 +212,7 @@ class Sharder:
                 raise ValueError(f"EP={par.ep} needs the expert count to be a multiple, got {e} experts")
             n = e // par.ep
             return [_experts(ckpt, r * n, (r + 1) * n) for r in range(par.ep)]
-        padded = pad_intermediate(ckpt, padded_intermediate(ckpt, par.tp))
+        padded = pad_intermediate(ckpt, padded_intermediate(ckpt, par.tp, par.intermediate_multiple))
         return [self.tp_shard(padded, r, par.tp) for r in range(par.tp)]
 
     def tp_shard(self, ckpt: MoECheckpoint, rank: int, tp: int) -> MoECheckpoint:
@@ -268,6 +272,11 @@ class Sharder:
 CANONICAL = Sharder()
 
 
+def with_backend_padding(par: Parallelism, backend) -> Parallelism:
+    """par with the backend's declared multiple for a rank's share of I."""
+    return dataclasses.replace(par, intermediate_multiple=backend_intermediate_multiple(backend))
+
+
 def check_parallel_structure(structure: NumericalStructure, par: Parallelism) -> str | None:
     """Why this structure cannot be expert-parallel by masking (None: it can)."""
     if par.ep > 1 and structure.router_weight is RouterWeight.GEMM1_EPILOGUE:
@@ -306,6 +315,7 @@ def run_sharded(backend, ckpt: MoECheckpoint, inputs, par: Parallelism, what: st
     why = check_parallel_structure(structure, par)
     if why:
         raise ValueError(f"{what}: {why}")
+    par = with_backend_padding(par, backend)
     x, w, ids = inputs
     expected, bound, exacts = sharded_reference(x, ckpt, w, ids, par, structure, backend_operand_dtype(backend),
                                                 backend_accumulation_error(backend))
@@ -346,7 +356,7 @@ def run_parallel_case(backend, scheme, activation, platform, par: Parallelism, s
     if why:
         return f"{backend.name}: {why}"
     ckpt_full = case_checkpoint(scheme.name, activation.name, platform.fp8_format.name, shape, seed, True)
-    local = CANONICAL.shard(ckpt_full, par)[0]
+    local = CANONICAL.shard(ckpt_full, with_backend_padding(par, backend))[0]
     rank_shape = dataclasses.replace(shape, num_experts=local.num_experts, intermediate_size=local.intermediate_size)
     problem, ok, reason = case_problem(backend, scheme, activation, platform, rank_shape)
     if not ok:
