@@ -1,18 +1,20 @@
 """What torch's grouped GEMMs and torchao's GPU quantizers do on this GPU (issue 16): signatures, layout
 and alignment rules, output dtype, whether torchao's kernels load. Prints one JSON line per probe and writes
-probe_grouped_mm.json (under $OUT when set). Run on the GPU machine:
+probe_grouped_mm.json ($OUT, else results/). Run on the GPU machine:
     python3 tools/probe_grouped_mm.py
 """
 
 from __future__ import annotations
 
 import json
-import os
 import sys
 import traceback
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from harness.bench.report import write_results_json  # noqa: E402
 
 ROWS = []
 
@@ -137,6 +139,5 @@ def _():
     return dict(types=[str(getattr(o, "dtype", type(o))) for o in (out if isinstance(out, tuple) else (out,))])
 
 
-out_dir = Path(os.environ.get("OUT", "."))
-(out_dir / "probe_grouped_mm.json").write_text(json.dumps(ROWS, indent=1))
+write_results_json("probe_grouped_mm.json", dict(rows=ROWS))
 sys.exit(0)

@@ -12,7 +12,6 @@ the GPU shape (1, 8 and 64 tokens, top_k 1 and 4), counting the cases out of bou
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from harness.backends.jax_ragged_dot import JaxRaggedDotBackend, jax  # noqa: E402
+from harness.bench.report import write_results_json  # noqa: E402
 from harness.core.conformance import SHAPES, run_drawn_case  # noqa: E402
 from harness.platforms import detect_platform  # noqa: E402
 
@@ -76,7 +76,7 @@ def main() -> int:
     rows += [dict(part="harness", **harness_cases(d)) for d in ("bfloat16", "float32")]
     for r in rows:
         print(json.dumps(r), flush=True)
-    Path(os.environ.get("OUT", "."), "repro_jax_ragged_dot.json").write_text(json.dumps(rows, indent=1))
+    write_results_json("repro_jax_ragged_dot.json", dict(rows=rows))
     return 0
 
 

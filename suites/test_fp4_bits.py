@@ -1,0 +1,64 @@
+"""The bit-placement FP4 decode contract (harness/backends/fp4_bits.py, issue 15), exhaustively: every byte
+(two E2M1 codes) under every E8M0 scale a path may meet equals the reference dequantization rounded to bf16
+(which is exact), bit for bit, in both multiply orders; 0xFF and unfoldable scales are declined with a reason."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.backends.fp4_bits import E8M0_FOLDABLE_MAX, decode_mxfp4_bitplace, place_e2m1
+from reference.formats import E2M1
+from reference.mx import dequantize_mx
+from reference.packing import unpack_fp4
+
+
+def _every_byte_under(scales: range) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of 32 codes (16 bytes): all 256 bytes in 16 rows, repeated for each scale."""
+    packed = torch.arange(256, dtype=torch.uint8).reshape(16, 16).repeat(len(scales), 1)
+    s = torch.tensor(list(scales), dtype=torch.uint8).repeat_interleave(16)[:, None]
+    return packed, s
+
+
+def test_placement_is_the_code_value_times_2_pow_minus_126():
+    placed = place_e2m1(torch.arange(16, dtype=torch.uint8)).double()
+    assert torch.equal(placed * 2.0**126, E2M1.values.double())
+
+
+def _matches_reference(decode, top: int) -> bool:
+    packed, s = _every_byte_under(range(0, top + 1))
+    got = decode(packed, s)
+    want = dequantize_mx(unpack_fp4(packed), s, E2M1)
+    finite = torch.isfinite(want)
+    assert torch.equal(want[finite].bfloat16().float(), want[finite])  # every finite product is a bf16 value
+    # bit for bit where finite; past bf16's range (scale 254, |code| >= 2) the same infinity on both sides
+    return torch.equal(got[finite].view(torch.int16), want[finite].bfloat16().view(torch.int16)) and torch.equal(
+        got[~finite].float(), want[~finite])
+
+
+@pytest.mark.parametrize("fold", [True, False], ids=["one_multiply", "two_multiplies"])
+def test_every_byte_under_every_scale_equals_the_reference(fold):
+    top = E8M0_FOLDABLE_MAX if fold else 254
+    assert _matches_reference(lambda p, s: decode_mxfp4_bitplace(p, s, fold=fold), top)
+
+
+def test_scale_0xff_is_declined():
+    packed, s = _every_byte_under(range(255, 256))
+    with pytest.raises(ValueError, match="0xFF"):
+        decode_mxfp4_bitplace(packed, s, fold=False)
+
+
+def test_a_scale_above_2_cannot_fold_the_bias():
+    packed, s = _every_byte_under(range(E8M0_FOLDABLE_MAX + 1, E8M0_FOLDABLE_MAX + 2))
+    with pytest.raises(ValueError, match="cannot fold"):
+        decode_mxfp4_bitplace(packed, s, fold=True)
+
+
+@pytest.mark.parametrize("wrong", ["nibbles_swapped", "bias_off_by_one"])
+def test_the_exhaustive_check_catches_a_wrong_decode(wrong):
+    def decode(packed, s):
+        if wrong == "nibbles_swapped":
+            return decode_mxfp4_bitplace((packed << 4) | (packed >> 4), s)
+        return decode_mxfp4_bitplace(packed, s) * 2.0  # 2^E instead of 2^(E - 1)
+
+    assert not _matches_reference(decode, E8M0_FOLDABLE_MAX)
