@@ -190,12 +190,12 @@ def qdq_mx(
     x: torch.Tensor,
     elem: FloatFormat,
     *,
+    dtype: torch.dtype = torch.float32,
+    shared_exponent: torch.Tensor | None = None,
     axis: int = -1,
     block_size: int = MX_BLOCK_SIZE,
     scale_mode: ScaleMode = ScaleMode.FLOOR,
     flush_fp32_subnormals: bool = False,
-    dtype: torch.dtype = torch.float32,
-    shared_exponent: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Quantize-dequantize in one pass, computed as values (never through codes or the value table):
     a second derivation that must agree bit for bit with dequantize_mx(quantize_mx(x)).

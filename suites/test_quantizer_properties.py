@@ -20,6 +20,11 @@ ELEMS = pytest.mark.parametrize("elem", MX_ELEMENT_FORMATS, ids=lambda f: f.name
 MODES = pytest.mark.parametrize("mode", list(ScaleMode), ids=lambda m: m.value)
 
 
+def every_mx_format_and_mode(test):
+    """A property over every MX element format x scale mode, with Hypothesis drawing the data."""
+    return ELEMS(MODES(given(data=st.data())(test)))
+
+
 def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Equal as bit patterns, treating every NaN as equal to every NaN."""
     nan = torch.isnan(a)
@@ -31,18 +36,14 @@ def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
 # ---- MX ----------------------------------------------------------------------------------------
 
 
-@ELEMS
-@MODES
-@given(data=st.data())
+@every_mx_format_and_mode
 def test_mx_dequantize_of_quantize_equals_qdq_bitwise(elem, mode, data):
     x = data.draw(mx_tensor(elem))
     q = quantize_mx(x, elem, scale_mode=mode)
     assert bitwise_equal(dequantize_mx(q.codes, q.scales, elem), qdq_mx(x, elem, scale_mode=mode))
 
 
-@ELEMS
-@MODES
-@given(data=st.data())
+@every_mx_format_and_mode
 def test_mx_qdq_is_idempotent(elem, mode, data):
     x = data.draw(mx_tensor(elem))
     once = qdq_mx(x, elem, scale_mode=mode)
@@ -50,9 +51,7 @@ def test_mx_qdq_is_idempotent(elem, mode, data):
     assert bitwise_equal(qdq_mx(torch.nan_to_num(once), elem, scale_mode=mode)[finite], once[finite])
 
 
-@ELEMS
-@MODES
-@given(data=st.data())
+@every_mx_format_and_mode
 def test_mx_odd_symmetry(elem, mode, data):
     x = data.draw(mx_tensor(elem))
     assert bitwise_equal(qdq_mx(-x, elem, scale_mode=mode), -qdq_mx(x, elem, scale_mode=mode))

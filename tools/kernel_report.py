@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from harness.backends import load_backend  # noqa: E402
-from harness.bench.report import write_results_json  # noqa: E402
+from harness.bench.report import finish_tool  # noqa: E402
 from harness.bench import MODEL_SHAPES, capture, copy_bandwidth, device_checkpoint, median_ms, routed_inputs, weight_bytes  # noqa: E402
 
 VARIANTS = [("bf16", "triton_emulation"), ("w_mxfp4", "triton_emulation"), ("w_mxfp4", "triton_dot_scaled"),
@@ -102,8 +102,7 @@ def main() -> int:
         print(json.dumps(row), flush=True)
         del prep, ckpt
         torch.cuda.empty_cache()
-    write_results_json("kernel_report.json", dict(copy_tb_s=bw / 1e12, rows=rows))
-    return 0
+    return finish_tool("kernel_report.json", bw, rows)
 
 
 if __name__ == "__main__":

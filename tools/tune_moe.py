@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from harness.backends import load_backend  # noqa: E402
-from harness.bench.report import write_results_json  # noqa: E402
+from harness.bench.report import finish_tool  # noqa: E402
 from harness.bench import MODEL_SHAPES, capture, copy_bandwidth, device_checkpoint, median_ms, routed_inputs, weight_bytes  # noqa: E402
 
 DECODE = [dict(block_m=16, block_n=n, block_k=k, num_warps=w, num_stages=s)
@@ -63,8 +63,7 @@ def main() -> int:
                   f"with {({k: best[k] for k in ('block_m', 'block_n', 'block_k', 'num_warps', 'num_stages')})}", flush=True)
         del prep, ckpt
         torch.cuda.empty_cache()
-    write_results_json("tune.json", dict(copy_tb_s=bw / 1e12, rows=results))
-    return 0
+    return finish_tool("tune.json", bw, results)
 
 
 if __name__ == "__main__":

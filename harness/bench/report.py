@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .targets import evaluate_targets, format_targets
 
-__all__ = ["write_bench_report", "write_results_json"]
+__all__ = ["write_bench_report", "write_results_json", "finish_tool"]
 
 
 def write_results_json(name: str, payload: dict) -> Path:
@@ -17,6 +17,13 @@ def write_results_json(name: str, payload: dict) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(payload, indent=1))
     return out
+
+
+def finish_tool(name: str, copy_bandwidth: float, rows: list[dict]) -> int:
+    """A GPU tool's last step: its rows and the copy bandwidth they are measured against to $OUT/<name>;
+    the process exit code."""
+    write_results_json(name, dict(copy_tb_s=copy_bandwidth / 1e12, rows=rows))
+    return 0
 
 
 def write_bench_report(rows: list[dict], anchors: dict, out_dir) -> dict:

@@ -48,6 +48,19 @@ class Mutant:
     structure_computed: bool = False  # computes the next structure of STRUCTURES, not the declared one
 
 
+_REGISTERED: list[Mutant] = []
+
+
+def _mutant(name: str, bug: str, hook: str):
+    """Register the decorated function as mutant `name`'s hook ("prepare", "forward" or "quantize_mx"): each
+    seeded bug stands beside the code that plants it."""
+    def register(fn):
+        _REGISTERED.append(Mutant(name, bug, **{hook: fn}))
+        return fn
+
+    return register
+
+
 def _with_act(ckpt: MoECheckpoint, **params) -> MoECheckpoint:
     return dataclasses.replace(ckpt, activation=dataclasses.replace(ckpt.activation, **params))
 
@@ -56,6 +69,7 @@ def _with_scheme_act(ckpt: MoECheckpoint, act: ActQuant | None) -> MoECheckpoint
     return dataclasses.replace(ckpt, scheme=dataclasses.replace(ckpt.scheme, act=act))
 
 
+@_mutant("fp4_nibble_order_swapped", "FP4 nibble order swapped", "prepare")
 def _swap_nibbles(ckpt: MoECheckpoint) -> MoECheckpoint:
     wq = ckpt.scheme.weight
     if wq is None or wq.elem.nbits != 4:
@@ -64,6 +78,7 @@ def _swap_nibbles(ckpt: MoECheckpoint) -> MoECheckpoint:
     return dataclasses.replace(ckpt, w13=swap(ckpt.w13), w2=swap(ckpt.w2))
 
 
+@_mutant("interleaved_read_as_halves", "gpt-oss interleaved gate/up weights read as halves", "prepare")
 def _interleaved_as_halves(ckpt: MoECheckpoint) -> MoECheckpoint:
     # reads gpt-oss's interleaved gate/up rows as if they were [gate; up] halves
     if not ckpt.activation.interleaved:
@@ -71,11 +86,13 @@ def _interleaved_as_halves(ckpt: MoECheckpoint) -> MoECheckpoint:
     return _with_act(ckpt, interleaved=False)
 
 
+@_mutant("fp8_dtype_not_platforms", "FP8 dtype hard-coded e4m3fn instead of the platform's e4m3fnuz", "prepare")
 def _fp8_dtype_not_platforms(ckpt: MoECheckpoint) -> MoECheckpoint:
     # a hard-coded e4m3fn: FNUZ codes read as FN (values halve: bias 8 vs 7)
     return dataclasses.replace(ckpt, fp8_format=E4M3FN) if ckpt.fp8_format is E4M3FNUZ else ckpt
 
 
+@_mutant("nvfp4_global_scale_direction", "NVFP4 global scale applied in the wrong direction", "prepare")
 def _nvfp4_global_direction(ckpt: MoECheckpoint) -> MoECheckpoint:
     if ckpt.scheme.weight is None or ckpt.scheme.weight.kind is not NVFP4:
         return ckpt
@@ -83,6 +100,7 @@ def _nvfp4_global_direction(ckpt: MoECheckpoint) -> MoECheckpoint:
     return dataclasses.replace(ckpt, nvfp4_global_convention=flipped)
 
 
+@_mutant("static_scale_ignored", "static input scale ignored, dynamic scale used", "prepare")
 def _static_scale_ignored(ckpt: MoECheckpoint) -> MoECheckpoint:
     aq = ckpt.scheme.act
     if aq is None or aq.kind is not FP8 or not aq.static:
@@ -90,6 +108,7 @@ def _static_scale_ignored(ckpt: MoECheckpoint) -> MoECheckpoint:
     return _with_scheme_act(ckpt, ActQuant(FP8, aq.elem, Granularity.PER_TOKEN, None, static=False))
 
 
+@_mutant("input_scale_not_max", "one expert's input scale used instead of the max over experts", "prepare")
 def _a2_scale_not_max(ckpt: MoECheckpoint) -> MoECheckpoint:
     # one expert's input scale instead of the max over experts
     if ckpt.w2_input_scale is None:
@@ -98,6 +117,8 @@ def _a2_scale_not_max(ckpt: MoECheckpoint) -> MoECheckpoint:
     return dataclasses.replace(ckpt, w13_input_scale=pick(ckpt.w13_input_scale), w2_input_scale=pick(ckpt.w2_input_scale))
 
 
+@_mutant("weight_only_as_w4a4",
+         "weight-only checkpoint run as W4A4: activations quantized that must stay bf16", "prepare")
 def _weight_only_as_w4a4(ckpt: MoECheckpoint) -> MoECheckpoint:
     if not ckpt.scheme.weight_only:
         return ckpt
@@ -105,19 +126,23 @@ def _weight_only_as_w4a4(ckpt: MoECheckpoint) -> MoECheckpoint:
                                            else E4M3FN))
 
 
+@_mutant("swiglu_limit_ignored", "SwiGLU clamp limit ignored", "prepare")
 def _limit_ignored(ckpt: MoECheckpoint) -> MoECheckpoint:
     return _with_act(ckpt, limit=1e30) if ckpt.activation.limit is not None else ckpt
 
 
+@_mutant("gelu_erf_as_tanh", "erf GELU computed with the tanh approximation", "prepare")
 def _gelu_as_tanh(ckpt: MoECheckpoint) -> MoECheckpoint:
     f = ckpt.activation.formula
     return _with_act(ckpt, kind="GELU_TANH") if f == "GELU" else ckpt
 
 
+@_mutant("situ_beta_lin_dropped", "SiTU's linear-branch tanh (beta_lin) dropped", "prepare")
 def _situ_beta_lin_dropped(ckpt: MoECheckpoint) -> MoECheckpoint:
     return _with_act(ckpt, beta_lin=0.0) if ckpt.activation.formula == "SITU" else ckpt
 
 
+@_mutant("bias_dropped", "expert biases dropped", "prepare")
 def _bias_dropped(ckpt: MoECheckpoint) -> MoECheckpoint:
     return dataclasses.replace(ckpt, b13=None, b2=None)
 
@@ -125,6 +150,7 @@ def _bias_dropped(ckpt: MoECheckpoint) -> MoECheckpoint:
 # ---- forward-level bugs ---------------------------------------------------------------------------
 
 
+@_mutant("a2_qdq_dropped", "the intermediate (a2) QDQ dropped", "forward")
 def _skip_a2_qdq(base, prep, x, w, ids):
     # quantizes GEMM1's input as the scheme says, then runs the rest as if the scheme were A16
     aq = prep.scheme.act
@@ -135,6 +161,7 @@ def _skip_a2_qdq(base, prep, x, w, ids):
     return base(_with_scheme_act(prep, None), a1, w, ids)
 
 
+@_mutant("static_scale_applied_twice", "static input scale applied twice", "forward")
 def _a1_qdq_twice_with_scale(base, prep, x, w, ids):
     # the static input scale applied twice: x / s quantized, then treated as x again
     aq = prep.scheme.act
@@ -144,15 +171,18 @@ def _a1_qdq_twice_with_scale(base, prep, x, w, ids):
     return base(prep, (x.float() * a1_scale).to(torch.bfloat16), w, ids)
 
 
+@_mutant("routing_weights_ignored", "routing weights ignored (uniform 1/k)", "forward")
 def _routing_weights_ignored(base, prep, x, w, ids):
     return base(prep, x, torch.full_like(w, 1.0 / w.shape[1]), ids)
 
 
+@_mutant("routing_weights_scaled", "renormalization / routed scaling factor mishandled (weights off by 10%)", "forward")
 def _renormalize_dropped(base, prep, x, w, ids):
     # weights of the unnormalized softmax top-k: what a backend that re-derives them gets wrong
     return base(prep, x, w * 0.9, ids)
 
 
+@_mutant("last_expert_dropped", "experts loop off by one: the highest expert's tokens get nothing", "forward")
 def _last_expert_dropped(base, prep, x, w, ids):
     # an off-by-one over the experts that have tokens: the highest one is never computed
     if ids.numel() == 0:
@@ -161,6 +191,7 @@ def _last_expert_dropped(base, prep, x, w, ids):
     return base(prep, x, torch.where(ids == top, 0.0, w), ids)
 
 
+@_mutant("padded_rows_leak", "padded rows' bias-only outputs leak into token 0", "forward")
 def _padded_rows_leak(base, prep, x, w, ids):
     # padded rows (zero activations) are computed and their output (bias-only) lands on token 0
     out = base(prep, x, w, ids)
@@ -172,12 +203,15 @@ def _padded_rows_leak(base, prep, x, w, ids):
     return out
 
 
+@_mutant("situ_unsupported_on_gfx942", "SITU raises on gfx942 with no fallback", "forward")
 def _situ_unsupported_on_gfx942(base, prep, x, w, ids):
     if prep.activation.formula == "SITU" and prep.fp8_format is E4M3FNUZ:
         raise NotImplementedError("SITU is not supported on gfx942")  # the AITER failure, no fallback
     return base(prep, x, w, ids)
 
 
+@_mutant("fp8_bias_before_dequantization",
+         "FP8 per-tensor bias added to the unscaled accumulator, then scaled (vLLM PR 31676)", "prepare")
 def _fp8_bias_before_dequantization(ckpt: MoECheckpoint) -> MoECheckpoint:
     # vLLM's Triton fused MoE before PR 31676: with per-tensor FP8 the bias was added to the unscaled
     # accumulator, then multiplied by a_scale * w_scale; a backend reading the bias that way computes
@@ -190,11 +224,14 @@ def _fp8_bias_before_dequantization(ckpt: MoECheckpoint) -> MoECheckpoint:
     return dataclasses.replace(ckpt, b13=scaled(ckpt.b13, a1_scale, ckpt.w13), b2=scaled(ckpt.b2, a2_scale, ckpt.w2))
 
 
+@_mutant("router_weight_applied_twice",
+         "router weight applied in the GEMM epilogue and again in the reduction", "forward")
 def _router_weight_applied_twice(base, prep, x, w, ids):
     # in the GEMM epilogue and again in the top-k reduction: every term carries w^2
     return base(prep, x, w * w, ids)
 
 
+@_mutant("fnuz_clamped_at_224", "FNUZ activations clamped at 224 where 240 is declared", "forward")
 def _fnuz_max_224_fwd(base, prep, x, w, ids):
     if prep.fp8_format is not E4M3FNUZ or prep.scheme.act is None or prep.scheme.act.kind is not FP8:
         return base(prep, x, w, ids)
@@ -208,6 +245,8 @@ def _fnuz_max_224_fwd(base, prep, x, w, ids):
 # ---- quantizer entry-point bugs --------------------------------------------------------------------
 
 
+@_mutant("mx_scale_log2_pitfall",
+         "MX scale one binade off for amax just below a power of two (fp32 log2)", "quantize_mx")
 def _mx_log2_pitfall(x, elem, scale_mode):
     q = quantize_mx(x, elem, scale_mode=scale_mode)
     if scale_mode is not ScaleMode.FLOOR:
@@ -222,47 +261,15 @@ def _mx_log2_pitfall(x, elem, scale_mode):
     return codes, scales
 
 
+@_mutant("rceil_where_floor_declared", "RCEIL scales where FLOOR is declared", "quantize_mx")
 def _mx_rceil_for_floor(x, elem, scale_mode):
     return tuple(quantize_mx(x, elem, scale_mode=ScaleMode.RCEIL))
 
 
 MUTANTS: tuple[Mutant, ...] = (
-    Mutant("weight_only_as_w4a4", "weight-only checkpoint run as W4A4: activations quantized that must stay bf16",
-           prepare=_weight_only_as_w4a4),
-    Mutant("fp8_dtype_not_platforms", "FP8 dtype hard-coded e4m3fn instead of the platform's e4m3fnuz",
-           prepare=_fp8_dtype_not_platforms),
-    Mutant("a2_qdq_dropped", "the intermediate (a2) QDQ dropped", forward=_skip_a2_qdq),
-    Mutant("static_scale_applied_twice", "static input scale applied twice", forward=_a1_qdq_twice_with_scale),
-    Mutant("static_scale_ignored", "static input scale ignored, dynamic scale used", prepare=_static_scale_ignored),
-    Mutant("input_scale_not_max", "one expert's input scale used instead of the max over experts",
-           prepare=_a2_scale_not_max),
-    Mutant("swiglu_limit_ignored", "SwiGLU clamp limit ignored", prepare=_limit_ignored),
-    Mutant("interleaved_read_as_halves", "gpt-oss interleaved gate/up weights read as halves",
-           prepare=_interleaved_as_halves),
-    Mutant("gelu_erf_as_tanh", "erf GELU computed with the tanh approximation", prepare=_gelu_as_tanh),
-    Mutant("situ_beta_lin_dropped", "SiTU's linear-branch tanh (beta_lin) dropped", prepare=_situ_beta_lin_dropped),
-    Mutant("situ_unsupported_on_gfx942", "SITU raises on gfx942 with no fallback", forward=_situ_unsupported_on_gfx942),
-    Mutant("nvfp4_global_scale_direction", "NVFP4 global scale applied in the wrong direction",
-           prepare=_nvfp4_global_direction),
-    Mutant("fp4_nibble_order_swapped", "FP4 nibble order swapped", prepare=_swap_nibbles),
-    Mutant("bias_dropped", "expert biases dropped", prepare=_bias_dropped),
-    Mutant("routing_weights_ignored", "routing weights ignored (uniform 1/k)", forward=_routing_weights_ignored),
-    Mutant("routing_weights_scaled", "renormalization / routed scaling factor mishandled (weights off by 10%)",
-           forward=_renormalize_dropped),
-    Mutant("last_expert_dropped", "experts loop off by one: the highest expert's tokens get nothing",
-           forward=_last_expert_dropped),
-    Mutant("padded_rows_leak", "padded rows' bias-only outputs leak into token 0", forward=_padded_rows_leak),
-    Mutant("fnuz_clamped_at_224", "FNUZ activations clamped at 224 where 240 is declared", forward=_fnuz_max_224_fwd),
-    Mutant("fp8_bias_before_dequantization",
-           "FP8 per-tensor bias added to the unscaled accumulator, then scaled (vLLM PR 31676)",
-           prepare=_fp8_bias_before_dequantization),
-    Mutant("router_weight_applied_twice", "router weight applied in the GEMM epilogue and again in the reduction",
-           forward=_router_weight_applied_twice),
+    *_REGISTERED,
     Mutant("structure_not_as_declared", "computes another numerical structure than the one it declares",
            structure_computed=True),
-    Mutant("mx_scale_log2_pitfall", "MX scale one binade off for amax just below a power of two (fp32 log2)",
-           quantize_mx=_mx_log2_pitfall),
-    Mutant("rceil_where_floor_declared", "RCEIL scales where FLOOR is declared", quantize_mx=_mx_rceil_for_floor),
 )
 
 
