@@ -1,7 +1,8 @@
 """Tensor- and expert-parallel conformance, simulated on the CPU (harness.parallel): the canonical sharding
 is the unsharded MoE in exact arithmetic, every built-in backend that runs here passes sharded cases at
-TP 2/4 and EP 2 (TP 1 / EP 1 is the unsharded suite, test_conformance.py; I not a whole number of blocks per rank: padding exercised; EP routing that leaves
-some experts and some ranks without tokens), and each seeded bug of this layer is caught."""
+TP 2/4 and EP 2 (TP 1 / EP 1 is the unsharded suite, test_conformance.py; I is not a whole number of
+blocks per rank, so padding is exercised; EP routing leaves some experts and some ranks without tokens),
+and each seeded bug of this layer is caught."""
 
 from __future__ import annotations
 
