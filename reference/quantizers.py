@@ -85,6 +85,14 @@ class QuantizerKind:
         """(data shape, data dtype, scale shape, scale dtype, global scale shape or None, words)."""
         raise NotImplementedError
 
+    def per_tensor_scale(self, q) -> bool:
+        """One weight scale per expert (a size-1 scale dim is then not a block of the whole dim)."""
+        return False
+
+    def unit_scale(self, q):
+        """The stored scale that means 1 (what padding blocks of zero codes carry): a code or a float."""
+        raise NotImplementedError
+
     def random_weight(self, q, e: int, n: int, k: int, g: torch.Generator, device, fp8_format: FloatFormat):
         """(data, scale, global_scale) of a weight of moderate magnitude drawn directly in checkpoint layout
         on `device` (benchmarks at model size, where a reference quantization would take minutes)."""
@@ -119,6 +127,9 @@ class _MX(QuantizerKind):
 
     def act_label(self, q) -> str:
         return f"mx{q.elem.name} dynamic"
+
+    def unit_scale(self, q):
+        return 127  # E8M0 2^0
 
     def quantize_weight(self, q, w, convention, fp8_format):
         mq = quantize_mx(w, q.elem, scale_mode=q.scale_mode)
@@ -161,6 +172,9 @@ class _NVFP4(QuantizerKind):
 
     def act_label(self, q) -> str:
         return "nvfp4 (static global, dynamic blocks)"
+
+    def unit_scale(self, q):
+        return 0x38  # E4M3 1.0
 
     def quantize_weight(self, q, w, convention, fp8_format):
         s_enc = nvfp4_global_encode_scale(w.abs().amax(dim=(1, 2)))
@@ -223,6 +237,12 @@ class _FP8(QuantizerKind):
 
     def act_label(self, q) -> str:
         return f"fp8 {self._granularity(q)} {'static' if q.static else 'dynamic'}"
+
+    def per_tensor_scale(self, q) -> bool:
+        return q.granularity is Granularity.PER_TENSOR
+
+    def unit_scale(self, q):
+        return 1.0
 
     def quantize_weight(self, q, w, convention, fp8_format):
         fq = quantize_fp8(w, fp8_format, granularity=q.granularity, block_shape=q.block_shape)

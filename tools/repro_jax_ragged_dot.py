@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from harness.backends.jax_ragged_dot import JaxRaggedDotBackend, jax  # noqa: E402
+from harness.backends.jax_ragged_dot import JaxRaggedDotBackend, _jax  # noqa: E402
 from harness.bench.report import write_results_json  # noqa: E402
 from harness.core.conformance import SHAPES, run_drawn_case  # noqa: E402
 from harness.platforms import detect_platform  # noqa: E402
@@ -33,7 +33,8 @@ def _ulps(a: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
 
 
 def jax_alone(rows: int, k: int = 512, n: int = 512, seed: int = 0) -> dict:
-    import jax.numpy as jnp
+    jax = _jax()
+    jnp = jax.numpy
 
     g = torch.Generator().manual_seed(seed)
     x = (torch.randn(rows, k, generator=g) * 2).bfloat16()
@@ -71,6 +72,7 @@ def harness_cases(out_dtype: str) -> dict:
 
 
 def main() -> int:
+    jax = _jax()
     print(f"jax {jax.__version__} on {jax.devices()}")
     rows = [dict(part="jax_alone", **jax_alone(m)) for m in (1, 2, 8, 64)]
     rows += [dict(part="harness", **harness_cases(d)) for d in ("bfloat16", "float32")]

@@ -22,24 +22,32 @@ from .torch_grouped_mm import TorchGroupedMMBackend
 
 __all__ = ["JaxRaggedDotBackend", "make_backend"]
 
-# JAX would otherwise take 75% of the GPU's memory at start-up, and keep what it freed in its own pool, beside
-# torch's checkpoint and torch's allocator (the H200 run of 2026-12-01 ran torch out of memory after it)
-os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-os.environ.setdefault("XLA_PYTHON_CLIENT_ALLOCATOR", "platform")
-try:
-    import jax
-    import jax.numpy as jnp
-    from jax import lax
 
-    _JAX_ERROR = ""
-except Exception as exc:  # not installed, or a jaxlib that does not load here
-    jax = None
-    _JAX_ERROR = f"jax is not importable here ({type(exc).__name__}: {exc})"
+
+def _jax():
+    """jax, imported on first use (1.5 s: not paid by every pytest process that merely lists the backends),
+    or None with why."""
+    if "module" not in _JAX:
+        # JAX would otherwise take 75% of the GPU's memory at start-up, and keep what it freed in its own pool,
+        # beside torch's checkpoint and allocator (the H200 run of 2026-12-01 ran torch out of memory after it)
+        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+        os.environ.setdefault("XLA_PYTHON_CLIENT_ALLOCATOR", "platform")
+        try:
+            import jax
+
+            _JAX.update(module=jax, error="")
+        except Exception as exc:  # not installed, or a jaxlib that does not load here
+            _JAX.update(module=None, error=f"jax is not importable here ({type(exc).__name__}: {exc})")
+    return _JAX["module"]
+
+
+_JAX: dict = {}
 
 
 def _ragged_dot(a, w_kn, group_sizes, out_dtype):
     """rows of a [M, K] against their group's weight [E, K, N], out_dtype ("float32" or "bfloat16") out."""
-    return lax.ragged_dot(a, w_kn, group_sizes, preferred_element_type=jnp.dtype(out_dtype))
+    jax = _jax()
+    return jax.lax.ragged_dot(a, w_kn, group_sizes, preferred_element_type=jax.numpy.dtype(out_dtype))
 
 
 _JITTED = {}
@@ -62,8 +70,9 @@ class JaxRaggedDotBackend(TorchGroupedMMBackend):
         return self._common_supports(problem)
 
     def available(self, platform) -> tuple[bool, str]:
+        jax = _jax()
         if jax is None:
-            return False, _JAX_ERROR
+            return False, _JAX["error"]
         want = "gpu" if str(self.device).startswith("cuda") else "cpu"
         if not any(d.platform == want for d in jax.devices()):
             return False, f"jax {jax.__version__} sees no {want} device here ({jax.devices()})"
@@ -76,10 +85,12 @@ class JaxRaggedDotBackend(TorchGroupedMMBackend):
         # (29 ms at one token on Kimi-K2 on the H200, the time of a 34 GB read and write)
         w13, w2 = (getattr(ckpt, n).data.to(dev).transpose(-2, -1).contiguous() for n in ("w13", "w2"))
         sync()
+        jax = _jax()
         return dict(ckpt=ckpt, w13=jax.dlpack.from_dlpack(w13), w2=jax.dlpack.from_dlpack(w2), torch_weights=(w13, w2),
                     sync=sync)
 
     def _gemm(self, prep, name, a, groups):
+        jax = _jax()
         if self.out_dtype not in _JITTED:
             _JITTED[self.out_dtype] = jax.jit(_ragged_dot, static_argnums=3)
         sizes = torch.diff(groups.offsets, prepend=groups.offsets.new_zeros(1))

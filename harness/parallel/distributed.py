@@ -9,6 +9,7 @@ reference and bound as the simulated run: harness.parallel.sharding) and writes 
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import socket
@@ -25,6 +26,7 @@ from .sharding import CANONICAL, Parallelism, parallel_shape, sharded_reference,
 __all__ = ["DistributedCase", "run_distributed", "WORLDS"]
 
 WORLDS = ("nccl", "gloo")
+COLLECTIVE_TIMEOUT_S = 240
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,9 @@ def _rank_main(rank: int, world: str, size: int, port: int, cases: list[dict], o
 
     if world == "nccl":
         torch.cuda.set_device(rank)
-    dist.init_process_group(world, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
+    # a stuck collective fails after this, inside the GPU machine's per-call limit
+    dist.init_process_group(world, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size,
+                            timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
     device = f"cuda:{rank}" if world == "nccl" else "cpu"
     platform = detect_platform() if world == "nccl" else PLATFORMS["cpu"]
     verdicts = []
@@ -90,17 +94,23 @@ def _rank_main(rank: int, world: str, size: int, port: int, cases: list[dict], o
             x, w, ids = case_inputs(shape, case.seed)
             shard = CANONICAL.shard(ckpt, par)[rank]
             w_r, ids_r = CANONICAL.route(w, ids, par, rank, ckpt.num_experts)
+            # prepare and forward on every rank, then agree: a rank that declined its shard or failed makes every
+            # rank move on together (never one rank left alone in the all-reduce)
+            partial, declined, error = None, "", ""
             try:
-                prepared, declined = backend_prepare(backend, shard), ""
+                prepared = backend_prepare(backend, shard)
+                partial = backend.forward(prepared, x.to(device), w_r.to(device), ids_r.to(device))
             except Declined as exc:
-                prepared, declined = None, str(exc)
-            # a rank that declines its shard makes every rank skip (never a rank left alone in the all-reduce)
-            agree = torch.tensor([0 if declined else 1], dtype=torch.int32, device=device)
-            dist.all_reduce(agree, op=dist.ReduceOp.MIN)
-            if not int(agree):
-                verdicts.append(dict(case=case.id, outcome="skipped", reason=declined or "another rank declined"))
+                declined = str(exc)
+            except Exception as exc:  # noqa: BLE001 - reported as this case's failure on every rank
+                error = f"rank {rank}: {type(exc).__name__}: {exc}"
+            status = torch.tensor([0 if error else 1 if declined else 2], dtype=torch.int32, device=device)
+            dist.all_reduce(status, op=dist.ReduceOp.MIN)
+            if int(status) < 2:
+                outcome = "failed" if int(status) == 0 else "skipped"
+                verdicts.append(dict(case=case.id, outcome=outcome,
+                                     reason=error or declined or f"another rank {'failed' if outcome == 'failed' else 'declined'}"))
                 continue
-            partial = backend.forward(prepared, x.to(device), w_r.to(device), ids_r.to(device))
             dist.all_reduce(partial, op=dist.ReduceOp.SUM)  # bf16, in the order the library picks
             if rank == 0:
                 expected, bound, exacts = sharded_reference(x, ckpt, w, ids, par, backend_structure(backend),
@@ -111,6 +121,7 @@ def _rank_main(rank: int, world: str, size: int, port: int, cases: list[dict], o
                 verdicts.append(dict(case=case.id, outcome="passed" if r.ok else "failed",
                                      reason="" if r.ok else r.message(), worst_ulps=r.worst_ulps,
                                      max_ratio=r.max_ratio))
+        dist.barrier()  # every rank's last collective done before the group goes
     finally:
         if rank == 0:
             Path(out).write_text(json.dumps(verdicts))

@@ -10,7 +10,7 @@ import torch
 
 from reference.checkpoints import MoECheckpoint, QuantizedWeight, dequantize_weight
 
-from .sharding import Parallelism, Sharder, padded_intermediate, pad_intermediate
+from .sharding import Parallelism, Sharder, intermediate_block, pad_intermediate, padded_intermediate
 
 __all__ = ["ParallelMutant", "PARALLEL_MUTANTS"]
 
@@ -59,7 +59,7 @@ class _BlockSplitRequantized(Sharder):
             return super().shard(ckpt, par)
         isz = ckpt.intermediate_size
         per = -(-isz // par.tp)
-        block = padded_intermediate(ckpt, 1, par.intermediate_multiple)  # the scheme's own multiple for I
+        block = intermediate_block(ckpt, par.intermediate_multiple)
         local = -(-per // block) * block
         w13 = dequantize_weight(ckpt.w13, ckpt.scheme.weight, ckpt)
         w2 = dequantize_weight(ckpt.w2, ckpt.scheme.weight, ckpt)
@@ -101,7 +101,8 @@ class _GlobalScalePerShard(Sharder):
 
 
 class _EPDoubleCounts(Sharder):
-    """Other ranks' pairs keep their router weight: every rank adds every pair (on some local expert)."""
+    """Other ranks' pairs are not masked (their router weight kept): every pair is counted on every rank, on
+    the rank's own expert where it is local and on some other local expert elsewhere."""
 
     name = "ep_double_counts"
 
@@ -129,7 +130,10 @@ class _ExpertMapOffByOne(Sharder):
 
 class _ReducedBeforeRouterWeight(Sharder):
     """TP partials of each (token, k) pair all-reduced before the router weight multiplies them (the
-    weighting and the top-k sum after the all-reduce), where the structure applies it inside each rank."""
+    weighting and the top-k sum after the all-reduce), where the structure applies it inside each rank.
+    In exact arithmetic this is the same sum: it is caught only by where it rounds (one bf16 rounding per
+    pair more, the declared epilogue weighting and sequential sum replaced), several ulps on a tenth of the
+    elements, so its detection depends on the bound being tight."""
 
     name = "reduced_before_router_weight"
 

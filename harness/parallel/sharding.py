@@ -12,12 +12,14 @@ rank computes, and how the partial outputs are summed.
       expert, the same on every shard.
   EP (expert parallel, `ep` ranks): rank r holds experts [r E_r, (r + 1) E_r). A pair routed to another
       rank's expert is sent with router weight 0 to a local expert that token does not use (vLLM writes zeros
-      for expert id -1; a backend here takes only valid, distinct ids): its term is exactly 0. EP needs at
-      least top_k experts per rank. Static input scales are the max over all
+      for expert id -1; a backend here takes only valid, distinct ids): its term is exactly 0 as long as that
+      expert's output is finite (0 x Inf would be NaN; vLLM's skip has no such case). EP needs at least top_k
+      experts per rank. Static input scales are the max over all
       experts, so every rank keeps the global maximum.
   Reduction: each rank returns a bf16 partial output; they are summed in `reduce` precision: BF16 as NCCL's
-      all-reduce of bf16 tensors does (a rounding after each add beyond the first, in an order NCCL picks),
-      FP32 as an engine that gathers the partials and sums them in fp32 (one rounding).
+      all-reduce of bf16 tensors does (every add rounds to bf16, in an order NCCL picks: the bound allows the
+      n - 2 intermediate roundings on top of the final one), FP32 as an engine that gathers the partials and
+      sums them in fp32 (one rounding).
 
 The reference of a sharded run is the unsharded reference with the per-rank rounding points the sharding
 implies: the reference MoE run on each rank's canonical shard (shown to equal the unsharded one in exact
@@ -103,8 +105,8 @@ def _ratio(data_size: int, logical: int) -> tuple[int, int]:
 
 def _slice_dim(t: torch.Tensor | None, dim: int, logical: int, start: int, stop: int) -> torch.Tensor | None:
     """Rows/columns [start, stop) of a logical dimension of size `logical`, for a tensor that stores it with
-    its own granularity (codes, packed codes, or one scale per block; a size-1 dim is a per-tensor scale)."""
-    if t is None or t.shape[dim] == 1 and logical > 1:
+    its own granularity (codes, packed codes, or one scale per block)."""
+    if t is None:
         return t
     p, q = _ratio(t.shape[dim], logical)
     if (start * p) % q or (stop * p) % q:
@@ -112,36 +114,49 @@ def _slice_dim(t: torch.Tensor | None, dim: int, logical: int, start: int, stop:
     return t.narrow(dim, start * p // q, (stop - start) * p // q)
 
 
-def _pad_dim(t: torch.Tensor | None, dim: int, logical: int, amount: int, fill_scale: bool) -> torch.Tensor | None:
-    """`amount` more logical elements at the end of `dim`: zero codes/values; a block scale dimension grows by
-    copies of its last scale (any finite scale: its codes are zero)."""
-    if t is None or amount == 0 or t.shape[dim] == 1 and logical > 1:
+def _pad_dim(t: torch.Tensor | None, dim: int, logical: int, amount: int, fill=0) -> torch.Tensor | None:
+    """`amount` more logical elements at the end of `dim`, filled with `fill` (zero codes or values; for a block
+    scale dimension the scale that means 1, so that the padding's zero codes dequantize to exactly 0)."""
+    if t is None or amount == 0:
         return t
     p, q = _ratio(t.shape[dim], logical)
-    n = amount * p // q
-    if fill_scale:
-        extra = t.narrow(dim, t.shape[dim] - 1, 1).expand(*[n if d == dim else -1 for d in range(t.dim())])
-    else:
-        extra = torch.zeros(*[n if d == dim else s for d, s in enumerate(t.shape)], dtype=t.dtype, device=t.device)
-    return torch.cat([t, extra], dim=dim)
+    if (amount * p) % q:
+        raise ValueError(f"padding {amount} along a dim of {logical} stored as {t.shape[dim]} cuts a block")
+    shape = [amount * p // q if d == dim else n for d, n in enumerate(t.shape)]
+    return torch.cat([t, torch.full(shape, fill, dtype=t.dtype, device=t.device)], dim=dim)
 
 
-def _slice_weight(w: QuantizedWeight, dim: int, logical: int, start: int, stop: int) -> QuantizedWeight:
+@dataclass(frozen=True)
+class _Scales:
+    """How a checkpoint's weight scales follow a split or padded dimension."""
+
+    per_tensor: bool = False  # one scale per expert: shared by every shard and every padding
+    unit: float | int = 1  # the stored scale meaning 1
+
+    @classmethod
+    def of(cls, ckpt: MoECheckpoint) -> _Scales:
+        wq = ckpt.scheme.weight
+        if wq is None:
+            return cls()
+        return cls(wq.kind.per_tensor_scale(wq), wq.kind.unit_scale(wq))
+
+
+def _slice_weight(w: QuantizedWeight, rule: _Scales, dim: int, logical: int, start: int, stop: int) -> QuantizedWeight:
     """Logical rows (dim 1) or columns (dim 2) [start, stop) of a weight: its codes and block scales; global
     scales are per expert."""
-    return QuantizedWeight(_slice_dim(w.data, dim, logical, start, stop), _slice_dim(w.scale, dim, logical, start, stop),
-                           w.global_scale)
+    scale = w.scale if rule.per_tensor else _slice_dim(w.scale, dim, logical, start, stop)
+    return QuantizedWeight(_slice_dim(w.data, dim, logical, start, stop), scale, w.global_scale)
 
 
-def _pad_weight(w: QuantizedWeight, dim: int, logical: int, amount: int) -> QuantizedWeight:
-    return QuantizedWeight(_pad_dim(w.data, dim, logical, amount, False), _pad_dim(w.scale, dim, logical, amount, True),
-                           w.global_scale)
+def _pad_weight(w: QuantizedWeight, rule: _Scales, dim: int, logical: int, amount: int) -> QuantizedWeight:
+    scale = w.scale if rule.per_tensor else _pad_dim(w.scale, dim, logical, amount, rule.unit)
+    return QuantizedWeight(_pad_dim(w.data, dim, logical, amount), scale, w.global_scale)
 
 
-def _cat_rows(parts: list[QuantizedWeight]) -> QuantizedWeight:
+def _cat_rows(parts: list[QuantizedWeight], rule: _Scales) -> QuantizedWeight:
     """Row blocks of one weight side by side (a per-tensor scale is shared, not repeated)."""
     s0 = parts[0].scale
-    scale = s0 if s0 is None or s0.shape[1] == 1 else torch.cat([p.scale for p in parts], 1)
+    scale = s0 if s0 is None or rule.per_tensor else torch.cat([p.scale for p in parts], 1)
     return QuantizedWeight(torch.cat([p.data for p in parts], 1), scale, parts[0].global_scale)
 
 
@@ -154,10 +169,10 @@ def _w13_units(ckpt: MoECheckpoint, start: int, stop: int, isz: int) -> list[tup
     return [(start, stop), (isz + start, isz + stop)]
 
 
-def _w13_rows(w, ranges, n13: int):
+def _w13_rows(w, rule: _Scales, ranges, n13: int):
     """The w13 rows (weight or bias) of the given ranges, concatenated."""
     if isinstance(w, QuantizedWeight):
-        return _cat_rows([_slice_weight(w, 1, n13, a, b) for a, b in ranges])
+        return _cat_rows([_slice_weight(w, rule, 1, n13, a, b) for a, b in ranges], rule)
     return None if w is None else torch.cat([w[:, a:b] for a, b in ranges], 1)
 
 
@@ -172,16 +187,18 @@ def pad_intermediate(ckpt: MoECheckpoint, new_isz: int) -> MoECheckpoint:
     halves = ckpt.activation.gated and not ckpt.activation.interleaved
     ranges = [(0, isz), (isz, 2 * isz)] if halves else [(0, n13)]
     grow = extra if halves or not ckpt.activation.gated else 2 * extra
+    rule = _Scales.of(ckpt)
 
     def pad13(w):
         if w is None:
             return None
         if isinstance(w, QuantizedWeight):
-            return _cat_rows([_pad_weight(_slice_weight(w, 1, n13, a, b), 1, b - a, grow) for a, b in ranges])
-        return torch.cat([_pad_dim(w[:, a:b], 1, b - a, grow, False) for a, b in ranges], 1)
+            return _cat_rows([_pad_weight(_slice_weight(w, rule, 1, n13, a, b), rule, 1, b - a, grow)
+                              for a, b in ranges], rule)
+        return torch.cat([_pad_dim(w[:, a:b], 1, b - a, grow) for a, b in ranges], 1)
 
     return dataclasses.replace(ckpt, intermediate_size=new_isz, w13=pad13(ckpt.w13), b13=pad13(ckpt.b13),
-                               w2=_pad_weight(ckpt.w2, 2, isz, extra))
+                               w2=_pad_weight(ckpt.w2, rule, 2, isz, extra))
 
 
 def _experts(ckpt: MoECheckpoint, start: int, stop: int) -> MoECheckpoint:
@@ -221,10 +238,11 @@ class Sharder:
         a, b = rank * per, (rank + 1) * per
         n13 = 2 * isz if ckpt.activation.gated else isz
         ranges = _w13_units(ckpt, a, b, isz)
+        rule = _Scales.of(ckpt)
         b2 = ckpt.b2 if ckpt.b2 is None or rank == 0 else torch.zeros_like(ckpt.b2)  # added once
         return dataclasses.replace(
-            ckpt, intermediate_size=per, w13=_w13_rows(ckpt.w13, ranges, n13), b13=_w13_rows(ckpt.b13, ranges, n13),
-            b2=b2, w2=_slice_weight(ckpt.w2, 2, isz, a, b))
+            ckpt, intermediate_size=per, w13=_w13_rows(ckpt.w13, rule, ranges, n13),
+            b13=_w13_rows(ckpt.b13, rule, ranges, n13), b2=b2, w2=_slice_weight(ckpt.w2, rule, 2, isz, a, b))
 
     def route(self, topk_weights: torch.Tensor, topk_ids: torch.Tensor, par: Parallelism, rank: int,
               num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -303,7 +321,7 @@ def sharded_reference(x, ckpt: MoECheckpoint, w, ids, par: Parallelism, structur
     magnitude = torch.stack([o.abs() + b for o, b in zip(outs, bounds)]).sum(0)
     d = torch.stack(bounds).sum(0) + (gamma(n) * magnitude if n > 1 else 0.0)
     if par.reduce is Precision.BF16 and n > 2:
-        d = d + (n - 2) * U_BF16 * magnitude  # each intermediate bf16 rounding, in any order
+        d = d + gamma(n - 2, U_BF16) * magnitude  # the n - 2 intermediate bf16 roundings, any order, compounded
     expected = round_to(total, Precision.BF16).to(torch.bfloat16)
     return expected, ErrorBound(_through_rounding(d, total, Precision.BF16)), exacts
 
