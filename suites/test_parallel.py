@@ -152,3 +152,33 @@ def test_a_backends_declared_multiple_pads_each_rank_share():
     par = with_backend_padding(Parallelism(tp=4), load_backend("torch_fp8"))
     assert par.intermediate_multiple == 16
     assert [s.intermediate_size for s in CANONICAL.shard(ckpt, par)] == [80] * 4
+
+
+@pytest.mark.parametrize("scheme,isz,tp", [("w_fp8_a_fp8_block", 256, 2), ("w_fp8_a_fp8_block", 128, 2),
+                                           ("w_mxfp4", 64, 2), ("w_mxfp4", 32, 2), ("w_nvfp4_a_nvfp4", 16, 2)])
+def test_a_share_of_one_block_is_not_a_per_tensor_scale(scheme, isz, tp):
+    """One scale block per rank (or per padded half) leaves a scale dim of size 1; it is still a block scale,
+    sliced and padded as one (DeepSeek-V3's I = 2048 at TP = 16, Qwen3-30B-A3B FP8's 768 at TP = 8)."""
+    from harness.core.conformance import Shape
+
+    shape = Shape(num_experts=8, hidden_size=128, intermediate_size=isz, tokens=4, top_k=2)
+    ckpt = case_checkpoint(scheme, "SILU", "e4m3fn", shape, 0, True)
+    x, w, ids = case_inputs(shape, 0)
+    par = Parallelism(tp=tp)
+    total = torch.zeros(x.shape, dtype=torch.float64)
+    for rank, shard in enumerate(CANONICAL.shard(ckpt, par)):
+        check_checkpoint(shard)
+        total += fused_moe(x, shard, w, ids, exact=True)
+    whole = fused_moe(x, ckpt, w, ids, exact=True)
+    assert torch.allclose(total, whole, rtol=1e-12, atol=1e-12 * float(whole.abs().max()))
+
+
+def test_padding_blocks_carry_the_unit_scale_not_a_neighbours():
+    """A padded block's scale means 1 (E8M0 127), not a copy of the last real block's (which may be 0xFF)."""
+    from harness.parallel.sharding import pad_intermediate
+
+    shape = parallel_shape(SCHEMES["w_mxfp4"], False)
+    ckpt = case_checkpoint("w_mxfp4", "SILU", "e4m3fn", shape, 0, False)
+    padded = pad_intermediate(ckpt, ckpt.intermediate_size + 32)
+    assert bool((padded.w2.scale[..., -1] == 127).all())
+    assert bool((padded.w2.data[..., -16:] == 0).all())
