@@ -1,0 +1,187 @@
+"""Warp-instructions per weight byte of the MoE GEMM's K loop, without a GPU (issue 15: the number that
+says whether a decode change can help before any timing; ../shared/PERF.md, "Count instructions").
+
+Each weight path's GEMM1 launch is captured as the backend would make it at a model shape (the real
+arguments, tiles and constexprs), compiled for sm90 with the installed Triton's bundled ptxas, disassembled
+with its nvdisasm, and the innermost loop that issues the tensor-core instructions is counted:
+
+    warp-instructions per weight byte = loop instructions x warps / weight bytes read per iteration
+
+Budget at the H200's copy rate: ~0.245 (PERF.md). The counts depend on the Triton version: the H200 runs 3.6,
+this CPU venv may hold another; say which when you quote them.
+
+    python tools/count_loop_instructions.py [--tokens 8] [--model gpt-oss-120b]   # JSON to $OUT (or results/)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ["TRITON_INTERPRET"] = "0"  # compile, never interpret: set before any kernel is defined
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+
+from harness.backends import load_backend  # noqa: E402
+from harness.backends import triton_kernels as K  # noqa: E402
+from harness.bench import MODEL_SHAPES, routed_inputs  # noqa: E402
+from harness.bench.report import write_results_json  # noqa: E402
+from reference.checkpoints import make_checkpoint  # noqa: E402
+
+PATHS = [("bf16", "triton_emulation"), ("w_mxfp4", "triton_emulation"), ("w_mxfp4", "triton_dot_scaled"),
+         ("w_nvfp4", "triton_emulation")]
+_DTYPES = {torch.bfloat16: "bf16", torch.float32: "fp32", torch.uint8: "u8", torch.int32: "i32", torch.int64: "i64",
+           torch.float16: "fp16"}
+BUDGET = 0.245  # warp-instructions per weight byte at the H200's copy rate, full issue efficiency
+
+
+class _Captured(Exception):
+    pass
+
+
+def capture_gemm1(scheme: str, backend_name: str, model: str, tokens: int) -> tuple[tuple, dict]:
+    """The (args, kwargs) of the backend's first moe_gemm_kernel launch (GEMM1) at the model's H and I, from a
+    small checkpoint of the same layout (8 experts)."""
+    shape = MODEL_SHAPES[model]
+    backend = load_backend(backend_name)
+    backend.device = "cpu"
+    ckpt = make_checkpoint(scheme, shape.activation, 8, shape.hidden_size, shape.intermediate_size, seed=0,
+                           with_bias=shape.biased)
+    x, w, _ = routed_inputs(shape, tokens, "cpu")
+    ids = torch.randn(tokens, 8, generator=torch.Generator().manual_seed(0)).topk(shape.top_k).indices  # 8 experts
+    captured = {}
+
+    class _Grab:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                captured.update(args=args, kwargs=kwargs)
+                raise _Captured
+            return launch
+
+    real, K.moe_gemm_kernel = K.moe_gemm_kernel, _Grab()
+    try:
+        backend.forward(backend.prepare(ckpt), x, w.float(), ids)
+    except _Captured:
+        pass
+    finally:
+        K.moe_gemm_kernel = real
+    if not captured:
+        raise RuntimeError(f"{backend_name} on {scheme} launched no moe_gemm_kernel")
+    # the tiles a GPU would pick (the capture ran with the interpreter's small ones): same pair count
+    tiles = backend.tile_config(x.shape[0] * ids.shape[1], None if ckpt.scheme.weight is None else ckpt.scheme.weight.kind)
+    kwargs = dict(captured["kwargs"], BLOCK_M=tiles["block_m"], BLOCK_N=tiles["block_n"], BLOCK_K=tiles["block_k"],
+                  INTERPRET_DOT=False, num_warps=tiles["num_warps"], num_stages=tiles["num_stages"])
+    return captured["args"], kwargs
+
+
+def compile_sm90(args: tuple, kwargs: dict):
+    fn = K.moe_gemm_kernel
+    names = fn.arg_names
+    signature, constexprs = {}, {}
+    for name, value in zip(names, args):
+        if isinstance(value, torch.Tensor):
+            signature[name] = "*" + _DTYPES[value.dtype]
+        elif isinstance(value, bool):
+            signature[name] = "i1"
+        elif isinstance(value, int):
+            signature[name] = "i32"
+        else:
+            signature[name] = "fp32"
+    for name in names[len(args):]:
+        if name in kwargs:
+            signature[name] = "constexpr"
+            constexprs[name] = kwargs[name]
+    src = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                          options=dict(num_warps=kwargs["num_warps"], num_stages=kwargs["num_stages"]))
+
+
+def _nvdisasm() -> str:
+    return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm")
+
+
+def sass(cubin: bytes) -> tuple[list[tuple[int, str]], dict[str, int]]:
+    """(address, instruction) of every SASS instruction, and each label's address."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([_nvdisasm(), "-c", f.name], capture_output=True, text=True, check=True).stdout
+    out, labels, pending = [], {}, []
+    for line in text.splitlines():
+        label = re.match(r"\s*(\.L_x_\d+):", line)
+        if label:
+            pending.append(label.group(1))
+            continue
+        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", line)
+        if m:
+            addr = int(m.group(1), 16)
+            labels.update({name: addr for name in pending})
+            pending = []
+            out.append((addr, m.group(2).strip()))
+    return out, labels
+
+
+def k_loop(instructions: list[tuple[int, str]], labels: dict[str, int]) -> list[str]:
+    """The innermost backward-branch loop that holds tensor-core instructions (HGMMA / HMMA)."""
+    best = None
+    for addr, ins in instructions:
+        m = re.search(r"\bBRA\b.*?(\.L_x_\d+)", ins)
+        if not m or m.group(1) not in labels or labels[m.group(1)] > addr:
+            continue
+        body = [s for a, s in instructions if labels[m.group(1)] <= a <= addr]
+        if any(re.search(r"\b(HGMMA|HMMA)\.", s) for s in body) and (best is None or len(body) < len(best)):
+            best = body
+    if best is None:
+        raise RuntimeError("no loop with tensor-core instructions found in the SASS")
+    return best
+
+
+def weight_bytes_per_iteration(scheme: str, kwargs: dict) -> int:
+    """Codes and block scales of the weight tile(s) one K step reads (gate and up tiles for a gated GEMM1)."""
+    bn, bk = kwargs["BLOCK_N"], kwargs["BLOCK_K"]
+    tiles = 2 if kwargs.get("GATED") else 1
+    if scheme == "bf16":
+        per = bn * bk * 2
+    elif scheme.startswith("w_mxfp4"):
+        per = bn * bk // 2 + bn * bk // 32
+    elif scheme.startswith("w_nvfp4"):
+        per = bn * bk // 2 + bn * bk // 16
+    else:
+        raise ValueError(f"no byte count for {scheme}")
+    return tiles * per
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="gpt-oss-120b", choices=list(MODEL_SHAPES))
+    ap.add_argument("--tokens", type=int, default=8)
+    args = ap.parse_args(argv)
+    rows = []
+    print(f"triton {triton.__version__}, sm90, {args.model}, {args.tokens} tokens; budget {BUDGET} at copy rate")
+    for scheme, backend_name in PATHS:
+        launch_args, kwargs = capture_gemm1(scheme, backend_name, args.model, args.tokens)
+        compiled = compile_sm90(launch_args, kwargs)
+        loop = k_loop(*sass(compiled.asm["cubin"]))
+        nbytes = weight_bytes_per_iteration(scheme, kwargs)
+        per_byte = len(loop) * kwargs["num_warps"] / nbytes
+        row = dict(scheme=scheme, backend=backend_name, loop_instructions=len(loop), num_warps=kwargs["num_warps"],
+                   weight_bytes_per_iteration=nbytes, warp_instructions_per_byte=round(per_byte, 4),
+                   tiles={k: kwargs[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages")},
+                   triton=triton.__version__)
+        rows.append(row)
+        print(f"{scheme:<10} {backend_name:<18} loop {len(loop):>5} instr x {kwargs['num_warps']} warps / {nbytes:>6} B "
+              f"= {per_byte:.3f} warp-instr/byte ({per_byte / BUDGET:.1f}x the budget)", flush=True)
+    write_results_json("loop_instructions.json", dict(model=args.model, tokens=args.tokens, rows=rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
