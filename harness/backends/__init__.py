@@ -28,6 +28,7 @@ BUILTIN_BACKENDS: dict[str, str] = {
     "torch_grouped_mm": "harness.backends.torch_grouped_mm:make_bf16_backend",
     "torch_scaled_grouped_mm": "harness.backends.torch_grouped_mm:make_fp8_backend",
     "jax_ragged_dot": "harness.backends.jax_ragged_dot:make_backend",
+    "triton_bitplace": "harness.backends.triton_bitplace:make_backend",
 }
 ENTRY_POINT_GROUP = "moe_conformance.backends"
 

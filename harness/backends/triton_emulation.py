@@ -8,7 +8,7 @@ kernels run under the Triton interpreter (small shapes, fp32 dots); on a GPU, co
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -70,6 +70,7 @@ class Prepared:
     b2: torch.Tensor | None
     a1_scale: torch.Tensor | None
     a2_scale: torch.Tensor | None
+    constexprs: dict = field(default_factory=dict)  # a subclass's kernel switches for this checkpoint
 
 
 TILE_KEYS = ("block_m", "block_n", "block_k", "num_warps", "num_stages")
@@ -335,7 +336,7 @@ class TritonEmulationBackend:
             APPLY_ACT=apply_act, HAS_LIMIT=act.limit is not None, BLOCK_M=tiles["block_m"],
             BLOCK_N=tiles["block_n"], BLOCK_K=tiles["block_k"], INTERPRET_DOT=K.INTERPRET,
             DOT_SCALED=self.use_dot_scaled, DS_FMT=self.dot_scaled_format(elem) if self.use_dot_scaled else "e2m1",
-            num_warps=tiles["num_warps"], num_stages=tiles["num_stages"],
+            num_warps=tiles["num_warps"], num_stages=tiles["num_stages"], **prep.constexprs,
         )
 
 

@@ -279,6 +279,52 @@ def _weight_tile(w_ptr, ws_ptr, expert, wrow, k0, n_mask, N_ROWS, K,
 
 
 @_device
+def _place(word, SHIFT: tl.constexpr):
+    """The E2M1 code at bits SHIFT..SHIFT+3 of word as 16-bit float bits of value x 2^-126."""
+    n = word >> SHIFT
+    return ((n & 0x7) << 6) | ((n & 0x8) << 12)
+
+
+@_device
+def _mxfp4_bitplace_tile(w_ptr, ws_ptr, expert, wrow, k0, n_mask, N_ROWS, K, BLOCK_N: tl.constexpr,
+                         BLOCK_K: tl.constexpr, INTERPRET_DOT: tl.constexpr):
+    """[BLOCK_N, BLOCK_K] MXFP4 weights by bit placement (harness/backends/fp4_bits.py, checked exhaustively):
+    each E2M1 code's sign and magnitude bits placed into a 16-bit float (value x 2^-126), then one multiply
+    by 2^(s - 1), the block scale with the 2^126 bias folded in (exact for s <= 128, which prepare() checks).
+    bf16 on the GPU; fp32 (the same placement, 16 bits higher) under the interpreter, whose bf16 is unsound."""
+    e64 = expert.to(tl.int64)
+    # 8 codes per 32-bit load (K is a multiple of 32, so rows of K / 2 bytes are whole words)
+    kw = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+    w32 = w_ptr.to(tl.pointer_type(tl.int32))
+    offs = e64 * N_ROWS * (K // 8) + wrow[:, None].to(tl.int64) * (K // 8) + kw[None, :]
+    word = tl.load(w32 + offs, mask=n_mask[:, None] & (kw < K // 8)[None, :], other=0)
+    # code i of a word (element 8j + i: low nibble first in each little-endian byte) -> its 16-bit float bits:
+    # sign -> bit 15, magnitude -> bits 6..8; joined back so that the flat K order is the natural one
+    c0, c1, c2, c3 = _place(word, 0), _place(word, 4), _place(word, 8), _place(word, 12)
+    c4, c5, c6, c7 = _place(word, 16), _place(word, 20), _place(word, 24), _place(word, 28)
+    bits = tl.reshape(tl.join(tl.join(tl.join(c0, c4), tl.join(c2, c6)), tl.join(tl.join(c1, c5), tl.join(c3, c7))),
+                      (BLOCK_N, BLOCK_K))
+    sk = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+    s_offs = e64 * N_ROWS * (K // 32) + wrow[:, None].to(tl.int64) * (K // 32) + sk[None, :]
+    s = tl.load(ws_ptr + s_offs, mask=n_mask[:, None] & (sk < K // 32)[None, :], other=127).to(tl.int32)
+    if INTERPRET_DOT:
+        v = (bits << 16).to(tl.float32, bitcast=True)
+        f = ((s + 126) << 23).to(tl.float32, bitcast=True)  # 2^(s - 1)
+    else:
+        v = bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
+        f = ((s + 126) << 7).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    return tl.reshape(tl.reshape(v, (BLOCK_N, BLOCK_K // 32, 32)) * f[:, :, None], (BLOCK_N, BLOCK_K))
+
+
+@_device
+def _dot_weights_first(w, a, INTERPRET_DOT: tl.constexpr):
+    """w [BN, BK] @ a.T [BK, BM]: the weights are the MMA's wide side (M), the tokens its N."""
+    if INTERPRET_DOT:
+        return tl.dot(w, tl.trans(a), input_precision="ieee")
+    return tl.dot(w, tl.trans(a.to(tl.bfloat16)))
+
+
+@_device
 def _dot_scaled_tile(a, w_ptr, ws_ptr, expert, wrow, k0, n_mask, N_ROWS, K, PACKED: tl.constexpr,
                      BLOCK_K: tl.constexpr, DS_FMT: tl.constexpr):
     """a [BM, BK] (bf16 values) times the MX weight rows `wrow` over [k0, k0 + BK) via tl.dot_scaled:
@@ -357,43 +403,13 @@ def _activation(g, u, ACT: tl.constexpr, GATED: tl.constexpr, HAS_LIMIT: tl.cons
     return _gate(g, ACT, alpha, beta) * u
 
 
-@triton.jit
-def moe_gemm_kernel(
-    a_ptr, a_scale_ptr, w_ptr, ws_ptr, w_block_scale_ptr, expert_scale_ptr, bias_ptr, out_ptr,
-    sorted_rows_ptr, block_expert_ptr, n_pairs, a_row_div, N_OUT, N_ROWS, K, alpha, beta, beta_lin, limit,
-    A_SCALE: tl.constexpr, W_KIND: tl.constexpr, PACKED: tl.constexpr, EBITS: tl.constexpr, MBITS: tl.constexpr,
-    BIAS: tl.constexpr, W_BLOCK_SCALE: tl.constexpr, HAS_EXPERT_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
-    GATED: tl.constexpr, INTERLEAVED: tl.constexpr, ACT: tl.constexpr, APPLY_ACT: tl.constexpr,
-    HAS_LIMIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    INTERPRET_DOT: tl.constexpr, DOT_SCALED: tl.constexpr = False, DS_FMT: tl.constexpr = "e2m1",
-):
-    """out[pair, n] for BLOCK_M pairs of one expert (rows of a: pair // a_row_div) x BLOCK_N outputs.
-
-    A_SCALE: 0 none, 1 one fp32 scale, 2 one scale per a-row and 128 columns (FP8 1x128 dynamic).
-    W_BLOCK_SCALE: FP8 128x128 weight scales [E, N_ROWS/128, K/128]. HAS_EXPERT_SCALE: one fp32 per
-    expert (NVFP4 global decode scale, FP8 per-tensor weight scale). APPLY_ACT with GATED computes the
-    gate and the up rows (halves, or interleaved) and stores act(bf16(gate), bf16(up)) rounded to bf16;
-    otherwise stores bf16(acc). Rows of padding (pair id == n_pairs) are neither read nor written."""
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    expert = tl.load(block_expert_ptr + pid_m)
-    if expert < 0:  # a block past the used ones (the grid is sized for the worst case)
-        return
-    pair = tl.load(sorted_rows_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
-    m_mask = pair < n_pairs
-    a_row = (pair // a_row_div).to(tl.int64)
-    n_offs = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = n_offs < N_OUT
-    if GATED:
-        if INTERLEAVED:
-            g_row = 2 * n_offs
-            u_row = 2 * n_offs + 1
-        else:
-            g_row = n_offs
-            u_row = n_offs + N_OUT
-    else:
-        g_row = n_offs
-        u_row = n_offs
+@_device
+def _k_loop(a_ptr, a_scale_ptr, w_ptr, ws_ptr, w_block_scale_ptr, expert, a_row, m_mask, g_row, u_row, n_mask,
+            N_ROWS, K, A_SCALE: tl.constexpr, W_KIND: tl.constexpr, PACKED: tl.constexpr, EBITS: tl.constexpr,
+            MBITS: tl.constexpr, BIAS: tl.constexpr, W_BLOCK_SCALE: tl.constexpr, GATED: tl.constexpr,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRET_DOT: tl.constexpr,
+            DOT_SCALED: tl.constexpr, DS_FMT: tl.constexpr):
+    """The K loop of every path but BITPLACE: gate and up accumulators [BLOCK_M, BLOCK_N]."""
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
@@ -429,6 +445,67 @@ def moe_gemm_kernel(
             pu = pu * swu[None, :]
         acc_g += pg
         acc_u += pu
+    return acc_g, acc_u
+
+
+@triton.jit
+def moe_gemm_kernel(
+    a_ptr, a_scale_ptr, w_ptr, ws_ptr, w_block_scale_ptr, expert_scale_ptr, bias_ptr, out_ptr,
+    sorted_rows_ptr, block_expert_ptr, n_pairs, a_row_div, N_OUT, N_ROWS, K, alpha, beta, beta_lin, limit,
+    A_SCALE: tl.constexpr, W_KIND: tl.constexpr, PACKED: tl.constexpr, EBITS: tl.constexpr, MBITS: tl.constexpr,
+    BIAS: tl.constexpr, W_BLOCK_SCALE: tl.constexpr, HAS_EXPERT_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
+    GATED: tl.constexpr, INTERLEAVED: tl.constexpr, ACT: tl.constexpr, APPLY_ACT: tl.constexpr,
+    HAS_LIMIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    INTERPRET_DOT: tl.constexpr, DOT_SCALED: tl.constexpr = False, DS_FMT: tl.constexpr = "e2m1",
+    BITPLACE: tl.constexpr = False,
+):
+    """out[pair, n] for BLOCK_M pairs of one expert (rows of a: pair // a_row_div) x BLOCK_N outputs.
+
+    A_SCALE: 0 none, 1 one fp32 scale, 2 one scale per a-row and 128 columns (FP8 1x128 dynamic).
+    W_BLOCK_SCALE: FP8 128x128 weight scales [E, N_ROWS/128, K/128]. HAS_EXPERT_SCALE: one fp32 per
+    expert (NVFP4 global decode scale, FP8 per-tensor weight scale). APPLY_ACT with GATED computes the
+    gate and the up rows (halves, or interleaved) and stores act(bf16(gate), bf16(up)) rounded to bf16;
+    otherwise stores bf16(acc). Rows of padding (pair id == n_pairs) are neither read nor written."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    expert = tl.load(block_expert_ptr + pid_m)
+    if expert < 0:  # a block past the used ones (the grid is sized for the worst case)
+        return
+    pair = tl.load(sorted_rows_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    m_mask = pair < n_pairs
+    a_row = (pair // a_row_div).to(tl.int64)
+    n_offs = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = n_offs < N_OUT
+    if GATED:
+        if INTERLEAVED:
+            g_row = 2 * n_offs
+            u_row = 2 * n_offs + 1
+        else:
+            g_row = n_offs
+            u_row = n_offs + N_OUT
+    else:
+        g_row = n_offs
+        u_row = n_offs
+    if BITPLACE:  # MXFP4 W4A16 by bit placement: weights x tokens^T, accumulators [BLOCK_N, BLOCK_M]
+        acc_gt = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        acc_ut = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            k_offs = k0 + tl.arange(0, BLOCK_K)
+            a = bf16_to_f32(tl.load(a_ptr + a_row[:, None] * K + k_offs[None, :],
+                                    mask=m_mask[:, None] & (k_offs < K)[None, :], other=0.0))
+            wg = _mxfp4_bitplace_tile(w_ptr, ws_ptr, expert, g_row, k0, n_mask, N_ROWS, K, BLOCK_N, BLOCK_K,
+                                      INTERPRET_DOT)
+            acc_gt += _dot_weights_first(wg, a, INTERPRET_DOT)
+            if GATED:
+                wu = _mxfp4_bitplace_tile(w_ptr, ws_ptr, expert, u_row, k0, n_mask, N_ROWS, K, BLOCK_N, BLOCK_K,
+                                          INTERPRET_DOT)
+                acc_ut += _dot_weights_first(wu, a, INTERPRET_DOT)
+        acc_g = tl.trans(acc_gt)
+        acc_u = tl.trans(acc_ut) if GATED else acc_g
+    else:
+        acc_g, acc_u = _k_loop(a_ptr, a_scale_ptr, w_ptr, ws_ptr, w_block_scale_ptr, expert, a_row, m_mask, g_row,
+                               u_row, n_mask, N_ROWS, K, A_SCALE, W_KIND, PACKED, EBITS, MBITS, BIAS, W_BLOCK_SCALE,
+                               GATED, BLOCK_M, BLOCK_N, BLOCK_K, INTERPRET_DOT, DOT_SCALED, DS_FMT)
     if A_SCALE == 1:
         sa1 = tl.load(a_scale_ptr)
         acc_g = acc_g * sa1

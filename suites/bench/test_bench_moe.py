@@ -25,7 +25,7 @@ from reference.schemes import scheme_by_name
 
 GPU = has_gpu()
 BACKENDS = ("triton_emulation", "triton_dot_scaled", "dequantize_all", "torch_fp8", "torch_grouped_mm",
-            "torch_scaled_grouped_mm", "jax_ragged_dot")
+            "torch_scaled_grouped_mm", "jax_ragged_dot", "triton_bitplace")
 ROUNDS = 20
 
 

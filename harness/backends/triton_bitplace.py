@@ -1,0 +1,37 @@
+"""triton_bitplace: MXFP4 W4A16 (gpt-oss) with the weights decoded by bit placement (issue 15, step 2): each
+E2M1 code's bits placed into a bf16 and one bf16 multiply by 2^(s - 1), the block scale with the 2^126 bias
+folded in (harness/backends/fp4_bits.py states the contract and checks it for every byte and scale), and the
+weights as the MMA's wide side with the tokens as its N. No lookup, no integer-to-float conversion, no NaN
+select. A checkpoint with a block scale above 2 (E8M0 > 128, where the fold would leave bf16) or the NaN
+scale 0xFF falls back to triton_emulation's decode: never a silent rounding. The rest of the pipeline is
+triton_emulation's."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from reference.formats import E2M1
+from reference.quantizers import MX
+
+from .fp4_bits import E8M0_FOLDABLE_MAX
+from .triton_emulation import TritonEmulationBackend
+
+
+class TritonBitplaceBackend(TritonEmulationBackend):
+    name = "triton_bitplace"
+
+    def supports(self, problem, platform) -> tuple[bool, str]:
+        w = problem.scheme.weight
+        if w is None or w.kind is not MX or w.elem is not E2M1 or problem.scheme.act is not None:
+            return False, "bit-placement path: MXFP4 weights with bf16 activations (W4A16) only"
+        return super().supports(problem, platform)
+
+    def prepare(self, ckpt):
+        prep = super().prepare(ckpt)
+        # the fold 2^(s - 1) is a bf16 power of two for s <= 128; 0xFF (NaN) is no power of two at all
+        foldable = all(int(getattr(ckpt, n).scale.max()) <= E8M0_FOLDABLE_MAX for n in ("w13", "w2"))
+        return dataclasses.replace(prep, constexprs=dict(BITPLACE=foldable))
+
+
+def make_backend() -> TritonBitplaceBackend:
+    return TritonBitplaceBackend()
