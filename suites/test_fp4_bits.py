@@ -62,3 +62,21 @@ def test_the_exhaustive_check_catches_a_wrong_decode(wrong):
         return decode_mxfp4_bitplace(packed, s) * 2.0  # 2^E instead of 2^(E - 1)
 
     assert not _matches_reference(decode, E8M0_FOLDABLE_MAX)
+
+
+def test_the_bitplace_backend_folds_only_where_exact():
+    """triton_bitplace uses the placement where every block scale is <= 2 and falls back to the emulation's
+    decode otherwise (a scale of 2^13, the NaN scale): never a rounded fold."""
+    import dataclasses
+
+    from harness.backends.triton_bitplace import TritonBitplaceBackend
+    from harness.core.conformance import SHAPES, case_checkpoint
+
+    ckpt = case_checkpoint("w_mxfp4", "SILU", "e4m3fn", SHAPES["cpu"], 0, False)
+    backend = TritonBitplaceBackend()
+    assert backend.prepare(ckpt).constexprs == dict(BITPLACE=True)
+    for code in (E8M0_FOLDABLE_MAX + 1, 127 + 13, 0xFF):
+        scale = ckpt.w2.scale.clone()
+        scale[0, 0, 0] = code
+        big = dataclasses.replace(ckpt, w2=dataclasses.replace(ckpt.w2, scale=scale))
+        assert backend.prepare(big).constexprs == dict(BITPLACE=False), code

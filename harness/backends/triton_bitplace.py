@@ -4,11 +4,13 @@ folded in (harness/backends/fp4_bits.py states the contract and checks it for ev
 weights as the MMA's wide side with the tokens as its N. No lookup, no integer-to-float conversion, no NaN
 select. A checkpoint with a block scale above 2 (E8M0 > 128, where the fold would leave bf16) or the NaN
 scale 0xFF falls back to triton_emulation's decode: never a silent rounding. The rest of the pipeline is
-triton_emulation's."""
+triton_emulation's. On a GPU it runs only with MOE_CONFORMANCE_UNVERIFIED=1 until a GPU run has passed
+the conformance suite (the CPU runs its fp32 twin under the interpreter)."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 
 from reference.formats import E2M1
 from reference.quantizers import MX
@@ -25,6 +27,14 @@ class TritonBitplaceBackend(TritonEmulationBackend):
         if w is None or w.kind is not MX or w.elem is not E2M1 or problem.scheme.act is not None:
             return False, "bit-placement path: MXFP4 weights with bf16 activations (W4A16) only"
         return super().supports(problem, platform)
+
+    def available(self, platform) -> tuple[bool, str]:
+        # The interpreter runs the fp32 twin of the placement (make test); the bf16 one (a bf16 multiply of
+        # subnormal codes, which must not flush) compiled for sm90 but has not run on a GPU yet.
+        if self.device != "cpu" and os.environ.get("MOE_CONFORMANCE_UNVERIFIED") != "1":
+            return False, ("its bf16 GPU path has not run on hardware yet (compiled for sm90 only); "
+                           "MOE_CONFORMANCE_UNVERIFIED=1 runs it")
+        return super().available(platform)
 
     def prepare(self, ckpt):
         prep = super().prepare(ckpt)
