@@ -279,10 +279,12 @@ def _weight_tile(w_ptr, ws_ptr, expert, wrow, k0, n_mask, N_ROWS, K,
 
 
 @_device
-def _place(word, SHIFT: tl.constexpr):
-    """The E2M1 code at bits SHIFT..SHIFT+3 of word as 16-bit float bits of value x 2^-126."""
-    n = word >> SHIFT
-    return ((n & 0x7) << 6) | ((n & 0x8) << 12)
+def _place_pair(word, MAG_L: tl.constexpr, MAG_R: tl.constexpr, SIGN_L: tl.constexpr):
+    """Two E2M1 codes 16 bits apart in `word` (uint32), placed at once: magnitudes shifted (left MAG_L, then
+    right MAG_R) to bits 6..8 and 22..24, signs left by SIGN_L to bits 15 and 31; returned as the two 16-bit
+    float bit patterns (value x 2^-126) in int32."""
+    pair = (((word << MAG_L) >> MAG_R) & 0x01C001C0) | ((word << SIGN_L) & 0x80008000)
+    return (pair & 0xFFFF).to(tl.int32), (pair >> 16).to(tl.int32)
 
 
 @_device
@@ -300,8 +302,12 @@ def _mxfp4_bitplace_tile(w_ptr, ws_ptr, expert, wrow, k0, n_mask, N_ROWS, K, BLO
     word = tl.load(w32 + offs, mask=n_mask[:, None] & (kw < K // 8)[None, :], other=0)
     # code i of a word (element 8j + i: low nibble first in each little-endian byte) -> its 16-bit float bits:
     # sign -> bit 15, magnitude -> bits 6..8; joined back so that the flat K order is the natural one
-    c0, c1, c2, c3 = _place(word, 0), _place(word, 4), _place(word, 8), _place(word, 12)
-    c4, c5, c6, c7 = _place(word, 16), _place(word, 20), _place(word, 24), _place(word, 28)
+    # codes i and i + 4 (bits 4i.. and 4i + 16..) placed together in one 32-bit word, then split
+    word = word.to(tl.uint32, bitcast=True)
+    c0, c4 = _place_pair(word, 6, 0, 12)
+    c1, c5 = _place_pair(word, 2, 0, 8)
+    c2, c6 = _place_pair(word, 0, 2, 4)
+    c3, c7 = _place_pair(word, 0, 6, 0)
     bits = tl.reshape(tl.join(tl.join(tl.join(c0, c4), tl.join(c2, c6)), tl.join(tl.join(c1, c5), tl.join(c3, c7))),
                       (BLOCK_N, BLOCK_K))
     sk = k0 // 32 + tl.arange(0, BLOCK_K // 32)
