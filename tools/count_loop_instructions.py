@@ -37,7 +37,7 @@ from harness.bench.report import write_results_json  # noqa: E402
 from reference.checkpoints import make_checkpoint  # noqa: E402
 
 PATHS = [("bf16", "triton_emulation"), ("w_mxfp4", "triton_emulation"), ("w_mxfp4", "triton_dot_scaled"),
-         ("w_mxfp4", "triton_bitplace"), ("w_nvfp4", "triton_emulation")]
+         ("w_mxfp4", "triton_bitplace"), ("w_nvfp4", "triton_emulation"), ("w_nvfp4", "triton_bitplace")]
 _DTYPES = {torch.bfloat16: "bf16", torch.float32: "fp32", torch.uint8: "u8", torch.int32: "i32", torch.int64: "i64",
            torch.float16: "fp16"}
 BUDGET = 0.245  # warp-instructions per weight byte at the H200's copy rate, full issue efficiency

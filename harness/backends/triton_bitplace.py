@@ -1,10 +1,11 @@
-"""triton_bitplace: MXFP4 W4A16 (gpt-oss) with the weights decoded by bit placement (issue 15, step 2): each
-E2M1 code's bits placed into a bf16 and one bf16 multiply by 2^(s - 1), the block scale with the 2^126 bias
-folded in (harness/backends/fp4_bits.py states the contract and checks it for every byte and scale), and the
+"""triton_bitplace: FP4 W4A16 (MXFP4, gpt-oss; NVFP4) with the weights decoded by bit placement (issue 15):
+each E2M1 code's bits placed into a bf16; for MXFP4 one bf16 multiply by 2^(s - 1), the block scale with the
+2^126 bias folded in; for NVFP4 a multiply by 2^126 and one by the E4M3 block scale (the global scale on the
+accumulator) (harness/backends/fp4_bits.py states the contract and checks it for every byte and scale), and the
 weights as the MMA's wide side with the tokens as its N. No lookup, no integer-to-float conversion, no NaN
-select. A checkpoint with a block scale above 2 (E8M0 > 128, where the fold would leave bf16) or the NaN
-scale 0xFF falls back to triton_emulation's decode: never a silent rounding. The rest of the pipeline is
-triton_emulation's. On a GPU it runs only with MOE_CONFORMANCE_UNVERIFIED=1 until a GPU run has passed
+select. A checkpoint with an MX block scale above 2 (E8M0 > 128, where the fold would leave bf16), the NaN
+scale 0xFF, or an NVFP4 NaN block scale falls back to triton_emulation's decode: never a silent rounding.
+The rest of the pipeline is triton_emulation's. On a GPU it runs only with MOE_CONFORMANCE_UNVERIFIED=1 until a GPU run has passed
 the conformance suite (the CPU runs its fp32 twin under the interpreter)."""
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import dataclasses
 import os
 
 from reference.formats import E2M1
-from reference.quantizers import MX
+from reference.quantizers import MX, NVFP4
 
 from .fp4_bits import E8M0_FOLDABLE_MAX
 from .triton_emulation import TritonEmulationBackend
@@ -24,8 +25,9 @@ class TritonBitplaceBackend(TritonEmulationBackend):
 
     def supports(self, problem, platform) -> tuple[bool, str]:
         w = problem.scheme.weight
-        if w is None or w.kind is not MX or w.elem is not E2M1 or problem.scheme.act is not None:
-            return False, "bit-placement path: MXFP4 weights with bf16 activations (W4A16) only"
+        fp4 = w is not None and (w.kind is NVFP4 or w.kind is MX and w.elem is E2M1)
+        if not fp4 or problem.scheme.act is not None:
+            return False, "bit-placement path: MXFP4 or NVFP4 weights with bf16 activations (W4A16) only"
         return super().supports(problem, platform)
 
     def available(self, platform) -> tuple[bool, str]:
@@ -38,9 +40,13 @@ class TritonBitplaceBackend(TritonEmulationBackend):
 
     def prepare(self, ckpt):
         prep = super().prepare(ckpt)
-        # the fold 2^(s - 1) is a bf16 power of two for s <= 128; 0xFF (NaN) is no power of two at all
-        foldable = all(int(getattr(ckpt, n).scale.max()) <= E8M0_FOLDABLE_MAX for n in ("w13", "w2"))
-        return dataclasses.replace(prep, constexprs=dict(BITPLACE=foldable))
+        scales = [getattr(ckpt, n).scale for n in ("w13", "w2")]
+        if ckpt.scheme.weight.kind is MX:
+            # the fold 2^(s - 1) is a bf16 power of two for s <= 128; 0xFF (NaN) is no power of two at all
+            exact = all(int(s.max()) <= E8M0_FOLDABLE_MAX for s in scales)
+        else:  # NVFP4: E4M3 block scales decode exactly to bf16, but not the NaN codes 0x7F / 0xFF
+            exact = not any(bool(((s & 0x7F) == 0x7F).any()) for s in scales)
+        return dataclasses.replace(prep, constexprs=dict(BITPLACE=exact))
 
 
 def make_backend() -> TritonBitplaceBackend:

@@ -288,11 +288,14 @@ def _place_pair(word, MAG_L: tl.constexpr, MAG_R: tl.constexpr, SIGN_L: tl.const
 
 
 @_device
-def _mxfp4_bitplace_tile(w_ptr, ws_ptr, expert, wrow, k0, n_mask, N_ROWS, K, BLOCK_N: tl.constexpr,
-                         BLOCK_K: tl.constexpr, INTERPRET_DOT: tl.constexpr):
-    """[BLOCK_N, BLOCK_K] MXFP4 weights by bit placement (harness/backends/fp4_bits.py, checked exhaustively):
-    each E2M1 code's sign and magnitude bits placed into a 16-bit float (value x 2^-126), then one multiply
-    by 2^(s - 1), the block scale with the 2^126 bias folded in (exact for s <= 128, which prepare() checks).
+def _fp4_bitplace_tile(w_ptr, ws_ptr, expert, wrow, k0, n_mask, N_ROWS, K, W_KIND: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRET_DOT: tl.constexpr):
+    """[BLOCK_N, BLOCK_K] FP4 weights by bit placement (harness/backends/fp4_bits.py, checked exhaustively):
+    each E2M1 code's sign and magnitude bits placed into a 16-bit float (value x 2^-126), then
+      MXFP4 (W_KIND 1): one multiply by 2^(s - 1), the E8M0 block scale with the 2^126 bias folded in (exact
+                        for s <= 128, which prepare() checks)
+      NVFP4 (W_KIND 2): a multiply by 2^126, then by the E4M3 block scale (every product of an E2M1 and an
+                        E4M3 value is a bf16 value); the per-expert global scale multiplies the accumulator.
     bf16 on the GPU; fp32 (the same placement, 16 bits higher) under the interpreter, whose bf16 is unsound."""
     e64 = expert.to(tl.int64)
     # 8 codes per 32-bit load (K is a multiple of 32, so rows of K / 2 bytes are whole words)
@@ -310,16 +313,29 @@ def _mxfp4_bitplace_tile(w_ptr, ws_ptr, expert, wrow, k0, n_mask, N_ROWS, K, BLO
     c3, c7 = _place_pair(word, 0, 6, 0)
     bits = tl.reshape(tl.join(tl.join(tl.join(c0, c4), tl.join(c2, c6)), tl.join(tl.join(c1, c5), tl.join(c3, c7))),
                       (BLOCK_N, BLOCK_K))
-    sk = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-    s_offs = e64 * N_ROWS * (K // 32) + wrow[:, None].to(tl.int64) * (K // 32) + sk[None, :]
-    s = tl.load(ws_ptr + s_offs, mask=n_mask[:, None] & (sk < K // 32)[None, :], other=127).to(tl.int32)
     if INTERPRET_DOT:
         v = (bits << 16).to(tl.float32, bitcast=True)
-        f = ((s + 126) << 23).to(tl.float32, bitcast=True)  # 2^(s - 1)
     else:
         v = bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
-        f = ((s + 126) << 7).to(tl.int16).to(tl.bfloat16, bitcast=True)
-    return tl.reshape(tl.reshape(v, (BLOCK_N, BLOCK_K // 32, 32)) * f[:, :, None], (BLOCK_N, BLOCK_K))
+    if W_KIND == 1:
+        sk = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+        s_offs = e64 * N_ROWS * (K // 32) + wrow[:, None].to(tl.int64) * (K // 32) + sk[None, :]
+        s = tl.load(ws_ptr + s_offs, mask=n_mask[:, None] & (sk < K // 32)[None, :], other=127).to(tl.int32)
+        if INTERPRET_DOT:
+            f = ((s + 126) << 23).to(tl.float32, bitcast=True)  # 2^(s - 1)
+        else:
+            f = ((s + 126) << 7).to(tl.int16).to(tl.bfloat16, bitcast=True)
+        return tl.reshape(tl.reshape(v, (BLOCK_N, BLOCK_K // 32, 32)) * f[:, :, None], (BLOCK_N, BLOCK_K))
+    sk = k0 // 16 + tl.arange(0, BLOCK_K // 16)
+    s_offs = e64 * N_ROWS * (K // 16) + wrow[:, None].to(tl.int64) * (K // 16) + sk[None, :]
+    f = _decode(tl.load(ws_ptr + s_offs, mask=n_mask[:, None] & (sk < K // 16)[None, :], other=0), 4, 3, 7)
+    if not INTERPRET_DOT:
+        f = f.to(tl.bfloat16)  # exact: an E4M3 value
+    v = v * 8.507059173023462e37  # 2^126: the placed value becomes the E2M1 value (exact)
+    w = tl.reshape(tl.reshape(v, (BLOCK_N, BLOCK_K // 16, 16)) * f[:, :, None], (BLOCK_N, BLOCK_K))
+    if INTERPRET_DOT:
+        return w
+    return w.to(tl.bfloat16)  # already bf16 values: no rounding
 
 
 @_device
@@ -492,19 +508,19 @@ def moe_gemm_kernel(
     else:
         g_row = n_offs
         u_row = n_offs
-    if BITPLACE:  # MXFP4 W4A16 by bit placement: weights x tokens^T, accumulators [BLOCK_N, BLOCK_M]
+    if BITPLACE:  # FP4 W4A16 by bit placement: weights x tokens^T, accumulators [BLOCK_N, BLOCK_M]
         acc_gt = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         acc_ut = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             k_offs = k0 + tl.arange(0, BLOCK_K)
             a = bf16_to_f32(tl.load(a_ptr + a_row[:, None] * K + k_offs[None, :],
                                     mask=m_mask[:, None] & (k_offs < K)[None, :], other=0.0))
-            wg = _mxfp4_bitplace_tile(w_ptr, ws_ptr, expert, g_row, k0, n_mask, N_ROWS, K, BLOCK_N, BLOCK_K,
-                                      INTERPRET_DOT)
+            wg = _fp4_bitplace_tile(w_ptr, ws_ptr, expert, g_row, k0, n_mask, N_ROWS, K, W_KIND, BLOCK_N, BLOCK_K,
+                                    INTERPRET_DOT)
             acc_gt += _dot_weights_first(wg, a, INTERPRET_DOT)
             if GATED:
-                wu = _mxfp4_bitplace_tile(w_ptr, ws_ptr, expert, u_row, k0, n_mask, N_ROWS, K, BLOCK_N, BLOCK_K,
-                                          INTERPRET_DOT)
+                wu = _fp4_bitplace_tile(w_ptr, ws_ptr, expert, u_row, k0, n_mask, N_ROWS, K, W_KIND, BLOCK_N,
+                                        BLOCK_K, INTERPRET_DOT)
                 acc_ut += _dot_weights_first(wu, a, INTERPRET_DOT)
         acc_g = tl.trans(acc_gt)
         acc_u = tl.trans(acc_ut) if GATED else acc_g
