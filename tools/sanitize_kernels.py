@@ -35,11 +35,13 @@ def main() -> int:
         torch.cuda.synchronize()
         print(scheme, act, tuple(out.shape), bool(torch.isfinite(out).all()))
     # K not a multiple of the tile (as gpt-oss's 2880): the masked tails of both GEMM paths
+    from harness.backends.triton_bitplace import TritonBitplaceBackend
     from harness.backends.triton_dot_scaled import TritonDotScaledBackend
 
     tail = Shape(num_experts=4, hidden_size=160, intermediate_size=96, tokens=7, top_k=2)
     for backend, scheme, act in ((TritonDotScaledBackend(), "w_mxfp4", "SWIGLUOAI"), (b, "w_nvfp4", "SILU"),
-                                 (b, "w_mxfp4", "SILU")):
+                                 (b, "w_mxfp4", "SILU"), (TritonBitplaceBackend(), "w_mxfp4", "SWIGLUOAI"),
+                                 (TritonBitplaceBackend(), "w_nvfp4", "SILU")):
         ckpt = make_checkpoint(scheme, act, tail.num_experts, tail.hidden_size, tail.intermediate_size, seed=1,
                                with_bias=act == "SWIGLUOAI")
         x, w, ids = case_inputs(tail, 1)
