@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.backends.fp4_bits import E8M0_FOLDABLE_MAX, decode_mxfp4_bitplace, place_e2m1
-from reference.formats import E2M1
+from harness.backends.fp4_bits import E8M0_FOLDABLE_MAX, decode_mxfp4_bitplace, place_e2m1, place_e4m3
+from reference.formats import E2M1, E4M3FN
 from reference.mx import dequantize_mx
 from reference.packing import unpack_fp4
 
@@ -23,6 +23,18 @@ def _every_byte_under(scales: range) -> tuple[torch.Tensor, torch.Tensor]:
 def test_placement_is_the_code_value_times_2_pow_minus_126():
     placed = place_e2m1(torch.arange(16, dtype=torch.uint8)).double()
     assert torch.equal(placed * 2.0**126, E2M1.values.double())
+
+
+def test_e4m3_placement_times_2_pow_120_is_every_finite_code_value():
+    """NVFP4's block scales in triton_bitplace: every finite E4M3 code (subnormals included) placed into bf16
+    bits and multiplied by 2^120 is its value; and each product with every E2M1 value is a bf16 value."""
+    codes = torch.arange(256, dtype=torch.uint8)
+    want = E4M3FN.values.double()
+    finite = torch.isfinite(want)
+    got = place_e4m3(codes) * torch.tensor(2.0**120, dtype=torch.bfloat16)  # the bf16 multiply the kernel does
+    assert torch.equal(got.double()[finite], want[finite])
+    products = want[finite][:, None] * E2M1.values.double()[None, :]
+    assert torch.equal(products.bfloat16().double(), products)
 
 
 def _matches_reference(decode, top: int) -> bool:
@@ -80,3 +92,39 @@ def test_the_bitplace_backend_folds_only_where_exact():
         scale[0, 0, 0] = code
         big = dataclasses.replace(ckpt, w2=dataclasses.replace(ckpt.w2, scale=scale))
         assert backend.prepare(big).constexprs == dict(BITPLACE=False), code
+
+
+@pytest.mark.parametrize("k", [2880, 7168, 2048, 768, 160], ids=lambda k: f"K{k}")
+@pytest.mark.parametrize("mx", [True, False], ids=["mxfp4", "nvfp4"])
+def test_the_bitplace_scale_layout_pads_rows_to_words_and_inverts(k, mx):
+    """triton_bitplace's scale layout at the models' K (gpt-oss's 2880: 90 MX blocks per row, not a whole
+    number of 32-bit words): rows padded to words with zero bytes, the MX fold added, and undone exactly."""
+    from harness.backends.triton_bitplace import bitplace_scales, unbitplace_scales
+
+    blocks = k // (32 if mx else 16)
+    top = E8M0_FOLDABLE_MAX if mx else 255
+    s = torch.randint(0, top + 1, (2, 3, blocks), generator=torch.Generator().manual_seed(k), dtype=torch.uint8)
+    words = bitplace_scales(s, mx)
+    assert words.shape == (2, 3, -(-blocks // 4) * 4) and words.is_contiguous()
+    assert not words[..., blocks:].any()
+    assert torch.equal(unbitplace_scales(words, blocks, mx), s)
+    if mx:
+        assert torch.equal(words[..., :blocks].long(), s.long() + 126)  # the exponent field of 2^(s - 1)
+        with pytest.raises(ValueError, match="fold"):
+            bitplace_scales(torch.full((1, 1, 1), E8M0_FOLDABLE_MAX + 1, dtype=torch.uint8), mx)
+
+
+@pytest.mark.parametrize("scheme", ["w_mxfp4", "w_nvfp4"])
+def test_the_bitplace_kernel_reads_k_tails(scheme):
+    """K not a multiple of the 128-wide K step, nor of a word of scales (H = 160: 5 MX blocks, I = 96: 3): the
+    kernel's masked tail words and padded scale words, against the reference (CPU: the fp32 twin)."""
+    from harness.backends.triton_bitplace import TritonBitplaceBackend
+    from harness.core.conformance import Shape, backend_shape, compare_backend, reference_run
+    from harness.backends import backend_structure
+
+    backend = TritonBitplaceBackend()
+    shape = backend_shape(backend, Shape(num_experts=4, hidden_size=160, intermediate_size=96, tokens=7, top_k=3))
+    ckpt, inputs, out, trace = reference_run(scheme, "SWIGLUOAI", "e4m3fn", shape, 3, backend_structure(backend))
+    assert backend.prepare(ckpt).constexprs == dict(BITPLACE=True)
+    result = compare_backend(backend, ckpt, inputs, out, trace, f"K tail/{scheme}")
+    assert result.ok, result.message()

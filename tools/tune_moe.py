@@ -1,14 +1,15 @@
 """Sweep tile sizes and launch parameters of the Triton MoE kernels on the GPU, at the gpt-oss-120b
 shape (and Qwen3 for NVFP4): median CUDA-graph replay time per config, after an L2 flush.
 
-    python3 tools/tune_moe.py [--quick | --prefill]   # table; JSON to $OUT/tune.json (or results/)
-    (--quick: decode, 8 and 64 tokens; --prefill: 8192 tokens)
+    python3 tools/tune_moe.py [--quick | --prefill] [--case MODEL/SCHEME/BACKEND ...] [--tokens 8 64]
+    (--quick: decode, 8 and 64 tokens; --prefill: 8192 tokens; JSON to $OUT/tune.json, or results/)
 
 The best config per (backend, scheme, token count) goes into the backends' tile table
 (harness/backends/triton_emulation.py: TILE_TABLE) by hand, with the run recorded in BENCHMARKS.md.
 """
 from __future__ import annotations
 
+import argparse
 import itertools
 import sys
 from pathlib import Path
@@ -25,28 +26,41 @@ DECODE = [dict(block_m=16, block_n=n, block_k=k, num_warps=w, num_stages=s)
           for n, k, w, s in itertools.product((32, 64, 128), (128, 256), (4,), (2, 3, 4))]
 PREFILL = [dict(block_m=m, block_n=n, block_k=k, num_warps=w, num_stages=3)
            for m, n, k, w in itertools.product((64, 128), (64, 128), (64,), (4, 8))]
+# triton_bitplace: a K step is at least 128 (whole words of scales); wider N tiles and deeper pipelines too
+BITPLACE_DECODE = [dict(block_m=16, block_n=n, block_k=k, num_warps=4, num_stages=s)
+                   for n, k, s in itertools.product((64, 128), (128, 256), (2, 3, 4, 5))] + [
+                   dict(block_m=16, block_n=n, block_k=128, num_warps=8, num_stages=s)
+                   for n, s in itertools.product((128, 256), (3, 4))]
 CASES = [("gpt-oss-120b", "w_mxfp4", "triton_dot_scaled"), ("gpt-oss-120b", "w_mxfp4", "triton_emulation"),
          ("gpt-oss-120b", "w_nvfp4", "triton_emulation"), ("gpt-oss-120b", "bf16", "triton_emulation")]
 
 
 def main() -> int:
-    quick, prefill = "--quick" in sys.argv, "--prefill" in sys.argv
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--prefill", action="store_true")
+    parser.add_argument("--case", action="append", help="MODEL/SCHEME/BACKEND (default: the built-in cases)")
+    parser.add_argument("--tokens", type=int, nargs="+")
+    args = parser.parse_args()
+    quick, prefill = args.quick, args.prefill
+    cases = [tuple(c.split("/")) for c in args.case] if args.case else CASES
     bw = copy_bandwidth()
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s")
     results = []
-    for model, scheme, name in CASES:
+    for model, scheme, name in cases:
         shape = MODEL_SHAPES[model]
         ckpt = device_checkpoint(shape, scheme, "cuda")
         backend = load_backend(name)
         prep = backend.prepare(ckpt)
         if prefill and scheme == "w_nvfp4":
             continue
-        for tokens in ((8192,) if prefill else (8, 64) if quick else (1, 8, 64, 512, 8192)):
+        for tokens in args.tokens or ((8192,) if prefill else (8, 64) if quick else (1, 8, 64, 512, 8192)):
             x, w, ids = routed_inputs(shape, tokens, "cuda")
             w = w.float().contiguous()
             nbytes = weight_bytes(ckpt, ids)
             best = None
-            for cfg in (PREFILL if tokens >= 512 else DECODE):
+            grid = PREFILL if tokens >= 512 else BITPLACE_DECODE if name == "triton_bitplace" else DECODE
+            for cfg in grid:
                 backend.configure(**cfg)
                 try:
                     replay, _ = capture(lambda: backend.launch(prep, x, w, ids))
@@ -57,6 +71,7 @@ def main() -> int:
                 row = dict(model=model, scheme=scheme, backend=name, tokens=tokens, **cfg, us=ms * 1e3,
                            pct_copy=100 * nbytes / (ms / 1e3) / bw)
                 results.append(row)
+                print(f"  T={tokens} {cfg}: {row['us']:.1f} us, {row['pct_copy']:.1f}% of copy", flush=True)
                 if best is None or ms * 1e3 < best["us"]:
                     best = row
             print(f"{model} {scheme} {name} T={tokens}: best {best['us']:.1f} us ({best['pct_copy']:.1f}% of copy) "

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["E8M0_FOLDABLE_MAX", "place_e2m1", "scale_placed", "decode_mxfp4_bitplace"]
+__all__ = ["E8M0_FOLDABLE_MAX", "place_e2m1", "place_e4m3", "scale_placed", "decode_mxfp4_bitplace"]
 
 E8M0_FOLDABLE_MAX = 128  # 2^(E - 1) is a bf16 normal for E - 1 <= 127
 _E8M0_NAN = 0xFF
@@ -32,6 +32,17 @@ def place_e2m1(codes: torch.Tensor) -> torch.Tensor:
     c = codes.to(torch.int32)
     bits = ((c & 0x8) << 12) | ((c & 0x7) << 6)
     return bits.to(torch.int16).view(torch.bfloat16)
+
+
+def place_e4m3(codes: torch.Tensor) -> torch.Tensor:
+    """uint8 E4M3FN codes -> bf16 tensors holding code value * 2^-120, by placing bits (sign to bit 15, the
+    seven exponent and mantissa bits to bits 4..10): E4M3's bias 7 against bf16's 127 is the 2^-120, and its
+    subnormals land as bf16 subnormals of the same scaled value. The NaN codes 0x7F / 0xFF land as finite
+    numbers: a kernel using this declines them (NVFP4 block scales are never NaN in a valid checkpoint)."""
+    if codes.dtype != torch.uint8:
+        raise TypeError(f"codes must be uint8 E4M3 codes, got {codes.dtype}")
+    c = codes.to(torch.int32)
+    return (((c & 0x80) << 8) | ((c & 0x7F) << 4)).to(torch.int16).view(torch.bfloat16)
 
 
 def scale_placed(placed: torch.Tensor, scales: torch.Tensor, *, fold: bool = True) -> torch.Tensor:

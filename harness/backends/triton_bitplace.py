@@ -13,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 import os
 
+import torch
+
 from reference.formats import E2M1
 from reference.quantizers import MX, NVFP4
 
@@ -38,15 +40,46 @@ class TritonBitplaceBackend(TritonEmulationBackend):
                            "MOE_CONFORMANCE_UNVERIFIED=1 runs it")
         return super().available(platform)
 
+    def tile_config(self, n_pairs: int, weight_kind) -> dict:
+        # a K step reads whole 32-bit words of scales: 4 MX blocks (128 values) or 4 NVFP4 blocks (64)
+        tiles = super().tile_config(n_pairs, weight_kind)
+        return dict(tiles, block_k=max(tiles["block_k"], 128))
+
     def prepare(self, ckpt):
         prep = super().prepare(ckpt)
         scales = [getattr(ckpt, n).scale for n in ("w13", "w2")]
-        if ckpt.scheme.weight.kind is MX:
+        mx = ckpt.scheme.weight.kind is MX
+        if mx:
             # the fold 2^(s - 1) is a bf16 power of two for s <= 128; 0xFF (NaN) is no power of two at all
             exact = all(int(s.max()) <= E8M0_FOLDABLE_MAX for s in scales)
         else:  # NVFP4: E4M3 block scales decode exactly to bf16, but not the NaN codes 0x7F / 0xFF
             exact = not any(bool(((s & 0x7F) == 0x7F).any()) for s in scales)
-        return dataclasses.replace(prep, constexprs=dict(BITPLACE=exact))
+        if not exact:
+            return dataclasses.replace(prep, constexprs=dict(BITPLACE=False))
+        words = {n: bitplace_scales(s, mx).to(self.device) for n, s in zip(("w13_scale", "w2_scale"), scales)}
+        return dataclasses.replace(prep, constexprs=dict(BITPLACE=True), **words)
+
+
+def bitplace_scales(scales: torch.Tensor, mx: bool) -> torch.Tensor:
+    """Block scales [E, N, K / block] (uint8) in the kernel's layout: each row padded with zero bytes to whole
+    32-bit words, MX scales stored as s + 126 (the bf16 exponent field of 2^(s - 1), s <= 128), NVFP4 E4M3
+    codes as they are. A pure data movement and a byte offset; unbitplace_scales inverts it."""
+    if scales.dtype != torch.uint8 or scales.dim() != 3:
+        raise TypeError(f"scales must be uint8 [E, N, K / block], got {scales.dtype} {tuple(scales.shape)}")
+    if mx and int(scales.max()) > E8M0_FOLDABLE_MAX:
+        raise ValueError(f"E8M0 scales above {E8M0_FOLDABLE_MAX} do not fold into one bf16 factor")
+    out = torch.zeros(*scales.shape[:2], -(-scales.shape[2] // 4) * 4, dtype=torch.uint8, device=scales.device)
+    out[..., :scales.shape[2]] = scales + _MX_FOLD if mx else scales
+    return out
+
+
+def unbitplace_scales(words: torch.Tensor, blocks: int, mx: bool) -> torch.Tensor:
+    """The inverse of bitplace_scales: the first `blocks` bytes of each row, MX exponents back to E8M0 codes."""
+    s = words[..., :blocks]
+    return (s - _MX_FOLD if mx else s).contiguous()
+
+
+_MX_FOLD = 126  # 2^(s - 1) = 2^(s - 127) x 2^126: the E2M1 placement's bias, folded into the scale's exponent
 
 
 def make_backend() -> TritonBitplaceBackend:

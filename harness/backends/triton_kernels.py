@@ -288,14 +288,25 @@ def _place_pair(word, MAG_L: tl.constexpr, MAG_R: tl.constexpr, SIGN_L: tl.const
 
 
 @_device
+def _bytes_of_words(words, ROWS: tl.constexpr, N_BYTES: tl.constexpr):
+    """int32 words [ROWS, N_BYTES / 4] -> their bytes [ROWS, N_BYTES] (int32, little-endian order)."""
+    b0, b1, b2, b3 = words & 0xFF, (words >> 8) & 0xFF, (words >> 16) & 0xFF, (words >> 24) & 0xFF
+    return tl.reshape(tl.join(tl.join(b0, b2), tl.join(b1, b3)), (ROWS, N_BYTES))
+
+
+@_device
 def _fp4_bitplace_tile(w_ptr, ws_ptr, expert, wrow, k0, n_mask, N_ROWS, K, W_KIND: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRET_DOT: tl.constexpr):
     """[BLOCK_N, BLOCK_K] FP4 weights by bit placement (harness/backends/fp4_bits.py, checked exhaustively):
     each E2M1 code's sign and magnitude bits placed into a 16-bit float (value x 2^-126), then
       MXFP4 (W_KIND 1): one multiply by 2^(s - 1), the E8M0 block scale with the 2^126 bias folded in (exact
-                        for s <= 128, which prepare() checks)
-      NVFP4 (W_KIND 2): a multiply by 2^126, then by the E4M3 block scale (every product of an E2M1 and an
-                        E4M3 value is a bf16 value); the per-expert global scale multiplies the accumulator.
+                        for s <= 128, which prepare() checks); prepare() stores s + 126, the exponent field
+                        of 2^(s - 1), so the factor is that byte placed at bit 7
+      NVFP4 (W_KIND 2): a multiply by 2^126, then by the E4M3 block scale, itself placed (value x 2^-120)
+                        and multiplied by 2^120 (every product of an E2M1 and an E4M3 value is a bf16 value);
+                        the per-expert global scale multiplies the accumulator.
+    Both read 32-bit words only (8 codes; 4 scale bytes, each row of scales padded to whole words by
+    prepare()), so the pipeliner can stream them with asynchronous copies.
     bf16 on the GPU; fp32 (the same placement, 16 bits higher) under the interpreter, whose bf16 is unsound."""
     e64 = expert.to(tl.int64)
     # 8 codes per 32-bit load (K is a multiple of 32, so rows of K / 2 bytes are whole words)
@@ -317,25 +328,28 @@ def _fp4_bitplace_tile(w_ptr, ws_ptr, expert, wrow, k0, n_mask, N_ROWS, K, W_KIN
         v = (bits << 16).to(tl.float32, bitcast=True)
     else:
         v = bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
+    BLOCK: tl.constexpr = 32 if W_KIND == 1 else 16
+    KS_WORDS = (K // BLOCK + 3) // 4
+    sw = k0 // (4 * BLOCK) + tl.arange(0, BLOCK_K // (4 * BLOCK))
+    s32 = ws_ptr.to(tl.pointer_type(tl.int32))
+    s_offs = e64 * N_ROWS * KS_WORDS + wrow[:, None].to(tl.int64) * KS_WORDS + sw[None, :]
+    sbytes = _bytes_of_words(tl.load(s32 + s_offs, mask=n_mask[:, None] & (sw < KS_WORDS)[None, :], other=0),
+                             BLOCK_N, BLOCK_K // BLOCK)
     if W_KIND == 1:
-        sk = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-        s_offs = e64 * N_ROWS * (K // 32) + wrow[:, None].to(tl.int64) * (K // 32) + sk[None, :]
-        s = tl.load(ws_ptr + s_offs, mask=n_mask[:, None] & (sk < K // 32)[None, :], other=127).to(tl.int32)
-        if INTERPRET_DOT:
-            f = ((s + 126) << 23).to(tl.float32, bitcast=True)  # 2^(s - 1)
-        else:
-            f = ((s + 126) << 7).to(tl.int16).to(tl.bfloat16, bitcast=True)
-        return tl.reshape(tl.reshape(v, (BLOCK_N, BLOCK_K // 32, 32)) * f[:, :, None], (BLOCK_N, BLOCK_K))
-    sk = k0 // 16 + tl.arange(0, BLOCK_K // 16)
-    s_offs = e64 * N_ROWS * (K // 16) + wrow[:, None].to(tl.int64) * (K // 16) + sk[None, :]
-    f = _decode(tl.load(ws_ptr + s_offs, mask=n_mask[:, None] & (sk < K // 16)[None, :], other=0), 4, 3, 7)
-    if not INTERPRET_DOT:
-        f = f.to(tl.bfloat16)  # exact: an E4M3 value
-    v = v * 8.507059173023462e37  # 2^126: the placed value becomes the E2M1 value (exact)
-    w = tl.reshape(tl.reshape(v, (BLOCK_N, BLOCK_K // 16, 16)) * f[:, :, None], (BLOCK_N, BLOCK_K))
+        fbits = sbytes << 7  # 2^(s - 1): the stored exponent field s + 126 at bf16's exponent
+    else:
+        fbits = ((sbytes & 0x7F) << 4) | ((sbytes & 0x80) << 8)  # E4M3 placed: value x 2^-120
+    if INTERPRET_DOT:
+        f = (fbits << 16).to(tl.float32, bitcast=True)
+    else:
+        f = fbits.to(tl.int16).to(tl.bfloat16, bitcast=True)
+    if W_KIND == 2:
+        f = f * 1.329227995784916e36  # 2^120: the E4M3 value (exact)
+        v = v * 8.507059173023462e37  # 2^126: the E2M1 value (exact)
+    w = tl.reshape(tl.reshape(v, (BLOCK_N, BLOCK_K // BLOCK, BLOCK)) * f[:, :, None], (BLOCK_N, BLOCK_K))
     if INTERPRET_DOT:
         return w
-    return w.to(tl.bfloat16)  # already bf16 values: no rounding
+    return w.to(tl.bfloat16)  # bf16 values already (a no-op unless a constant promoted the product)
 
 
 @_device
@@ -343,7 +357,7 @@ def _dot_weights_first(w, a, INTERPRET_DOT: tl.constexpr):
     """w [BN, BK] @ a.T [BK, BM]: the weights are the MMA's wide side (M), the tokens its N."""
     if INTERPRET_DOT:
         return tl.dot(w, tl.trans(a), input_precision="ieee")
-    return tl.dot(w, tl.trans(a.to(tl.bfloat16)))
+    return tl.dot(w, tl.trans(a))
 
 
 @_device
@@ -513,14 +527,17 @@ def moe_gemm_kernel(
         acc_ut = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             k_offs = k0 + tl.arange(0, BLOCK_K)
-            a = bf16_to_f32(tl.load(a_ptr + a_row[:, None] * K + k_offs[None, :],
-                                    mask=m_mask[:, None] & (k_offs < K)[None, :], other=0.0))
+            # bf16 straight into the dot when compiled (a load the pipeliner streams into shared memory)
+            a = tl.load(a_ptr + a_row[:, None] * K + k_offs[None, :], mask=m_mask[:, None] & (k_offs < K)[None, :],
+                        other=0.0)
+            if INTERPRET_DOT:
+                a = bf16_to_f32(a)
             wg = _fp4_bitplace_tile(w_ptr, ws_ptr, expert, g_row, k0, n_mask, N_ROWS, K, W_KIND, BLOCK_N, BLOCK_K,
                                     INTERPRET_DOT)
             acc_gt += _dot_weights_first(wg, a, INTERPRET_DOT)
             if GATED:
-                wu = _fp4_bitplace_tile(w_ptr, ws_ptr, expert, u_row, k0, n_mask, N_ROWS, K, W_KIND, BLOCK_N,
-                                        BLOCK_K, INTERPRET_DOT)
+                wu = _fp4_bitplace_tile(w_ptr, ws_ptr, expert, u_row, k0, n_mask, N_ROWS, K, W_KIND,
+                                        BLOCK_N, BLOCK_K, INTERPRET_DOT)
                 acc_ut += _dot_weights_first(wu, a, INTERPRET_DOT)
         acc_g = tl.trans(acc_gt)
         acc_u = tl.trans(acc_ut) if GATED else acc_g
