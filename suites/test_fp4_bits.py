@@ -10,7 +10,7 @@ import torch
 from harness.backends.fp4_bits import E8M0_FOLDABLE_MAX, decode_mxfp4_bitplace, place_e2m1, place_e4m3
 from reference.formats import E2M1, E4M3FN
 from reference.mx import dequantize_mx
-from reference.packing import unpack_fp4
+from reference.packing import pack_fp4, unpack_fp4
 
 
 def _every_byte_under(scales: range) -> tuple[torch.Tensor, torch.Tensor]:
@@ -96,22 +96,55 @@ def test_the_bitplace_backend_folds_only_where_exact():
 
 @pytest.mark.parametrize("k", [2880, 7168, 2048, 768, 160], ids=lambda k: f"K{k}")
 @pytest.mark.parametrize("mx", [True, False], ids=["mxfp4", "nvfp4"])
-def test_the_bitplace_scale_layout_pads_rows_to_words_and_inverts(k, mx):
+def test_the_bitplace_scale_layout_pads_rows_to_chunks_and_inverts(k, mx):
     """triton_bitplace's scale layout at the models' K (gpt-oss's 2880: 90 MX blocks per row, not a whole
-    number of 32-bit words): rows padded to words with zero bytes, the MX fold added, and undone exactly."""
+    number of 128-value chunks): rows padded to chunks with zero bytes, the MX fold added, and undone exactly."""
     from harness.backends.triton_bitplace import bitplace_scales, unbitplace_scales
 
-    blocks = k // (32 if mx else 16)
+    blocks, per_chunk = (k // 32, 4) if mx else (k // 16, 8)
     top = E8M0_FOLDABLE_MAX if mx else 255
     s = torch.randint(0, top + 1, (2, 3, blocks), generator=torch.Generator().manual_seed(k), dtype=torch.uint8)
-    words = bitplace_scales(s, mx)
-    assert words.shape == (2, 3, -(-blocks // 4) * 4) and words.is_contiguous()
+    words = bitplace_scales(s, mx, per_chunk)
+    assert words.shape == (2, 3, -(-k // 128) * per_chunk) and words.is_contiguous()
     assert not words[..., blocks:].any()
     assert torch.equal(unbitplace_scales(words, blocks, mx), s)
     if mx:
         assert torch.equal(words[..., :blocks].long(), s.long() + 126)  # the exponent field of 2^(s - 1)
         with pytest.raises(ValueError, match="fold"):
-            bitplace_scales(torch.full((1, 1, 1), E8M0_FOLDABLE_MAX + 1, dtype=torch.uint8), mx)
+            bitplace_scales(torch.full((1, 1, 1), E8M0_FOLDABLE_MAX + 1, dtype=torch.uint8), mx, per_chunk)
+
+
+@pytest.mark.parametrize("k", [2880, 7168, 2048, 768, 160], ids=lambda k: f"K{k}")
+def test_the_mma_order_of_codes_is_a_padded_permutation_that_inverts(k):
+    """The codes' layout (triton_bitplace.mma_order_codes) at the models' K: rows padded with zero codes to
+    128-value chunks, a permutation inside each chunk, undone by natural_order_codes."""
+    from harness.backends.triton_bitplace import mma_order_codes, natural_order_codes
+
+    packed = torch.randint(0, 256, (2, 3, k // 2), generator=torch.Generator().manual_seed(k), dtype=torch.uint8)
+    stored = mma_order_codes(packed)
+    assert stored.shape == (2, 3, -(-k // 128) * 64)
+    assert torch.equal(natural_order_codes(stored, k), packed)
+    assert torch.equal(unpack_fp4(stored).sort(-1).values[..., -k:], unpack_fp4(packed).sort(-1).values)  # same codes
+
+
+def test_each_thread_group_finds_its_wgmma_columns_in_16_contiguous_bytes():
+    """The stored order, named position by position: bytes 16t..16t+15 of a chunk hold exactly the columns
+    16j + 2t + {0, 1, 8, 9} (j = 0..7) that thread-group t of the wgmma register operand multiplies; word q holds
+    j = 2q, 2q + 1 (one 32-value MX block), columns c and c + 1 in nibbles n and n + 4 (one bf16x2 register)."""
+    from harness.backends.triton_bitplace import mma_order_codes
+
+    column = torch.arange(128)
+    # mark each column by its code: only 16 codes exist, so place column c's identity in two passes
+    got = torch.zeros(128, dtype=torch.long)
+    for nibble in range(2):
+        ids = ((column >> (4 * nibble)) & 0xF).to(torch.uint8)
+        stored = unpack_fp4(mma_order_codes(pack_fp4(ids).view(1, 1, 64))).view(128).long()
+        got |= stored << (4 * nibble)
+    for t in range(4):
+        want = [16 * j + 2 * t + d for j in range(8) for d in (0, 8, 1, 9)]
+        assert sorted(got[32 * t:32 * t + 32].tolist()) == sorted(want)
+        word0 = got[32 * t:32 * t + 8].tolist()
+        assert word0 == [2 * t, 2 * t + 8, 2 * t + 16, 2 * t + 24, 2 * t + 1, 2 * t + 9, 2 * t + 17, 2 * t + 25]
 
 
 @pytest.mark.parametrize("scheme", ["w_mxfp4", "w_nvfp4"])

@@ -16,6 +16,7 @@ import os
 import torch
 
 from reference.formats import E2M1
+from reference.packing import pack_fp4, unpack_fp4
 from reference.quantizers import MX, NVFP4
 
 from .fp4_bits import E8M0_FOLDABLE_MAX
@@ -41,9 +42,9 @@ class TritonBitplaceBackend(TritonEmulationBackend):
         return super().available(platform)
 
     def tile_config(self, n_pairs: int, weight_kind) -> dict:
-        # a K step reads whole 32-bit words of scales: 4 MX blocks (128 values) or 4 NVFP4 blocks (64)
         tiles = super().tile_config(n_pairs, weight_kind)
-        return dict(tiles, block_k=max(tiles["block_k"], 128))
+        # the kernel's K step is one 128-value chunk; its N tile a multiple of 64 rows on one warpgroup
+        return dict(tiles, block_k=128, block_n=max(64, tiles["block_n"] // 64 * 64), num_warps=4)
 
     def prepare(self, ckpt):
         prep = super().prepare(ckpt)
@@ -56,19 +57,58 @@ class TritonBitplaceBackend(TritonEmulationBackend):
             exact = not any(bool(((s & 0x7F) == 0x7F).any()) for s in scales)
         if not exact:
             return dataclasses.replace(prep, constexprs=dict(BITPLACE=False))
-        words = {n: bitplace_scales(s, mx).to(self.device) for n, s in zip(("w13_scale", "w2_scale"), scales)}
-        return dataclasses.replace(prep, constexprs=dict(BITPLACE=True), **words)
+        block = 32 if mx else 16
+        laid = dict(w13=mma_order_codes(ckpt.w13.data).to(self.device), w2=mma_order_codes(ckpt.w2.data).to(self.device),
+                    w13_scale=bitplace_scales(scales[0], mx, 128 // block).to(self.device),
+                    w2_scale=bitplace_scales(scales[1], mx, 128 // block).to(self.device))
+        return dataclasses.replace(prep, constexprs=dict(BITPLACE=True), **laid)
 
 
-def bitplace_scales(scales: torch.Tensor, mx: bool) -> torch.Tensor:
+# The stored order of one 128-value chunk of a row: nibble n = 4 i0 + 2 i2 + i1 of word 4t + q holds column 32q +
+# 16 i2 + 8 i1 + 2t + i0, so thread-group t of a wgmma register operand (columns 16j + 2t + {0, 1, 8, 9}, j = 2q +
+# i2) finds its 32 codes in 16 contiguous bytes, and the two columns of each bf16x2 register (i0 = 0, 1) sit 16
+# bits apart in one word (placed by one shift/AND/OR pair). As a view: column dims (q, i2, i1, t, i0) of sizes
+# (4, 2, 2, 4, 2), stored as (t, q, i0, i2, i1).
+_CHUNK = 128
+_COLUMN_DIMS = (4, 2, 2, 4, 2)
+_STORED_FROM_COLUMNS = (3, 0, 4, 1, 2)
+
+
+def mma_order_codes(packed: torch.Tensor) -> torch.Tensor:
+    """Packed E2M1 codes [E, N, K / 2] (two per byte, low nibble first) -> [E, N, ceil(K / 128) * 64] in the
+    kernel's order: each row padded with zero codes to whole 128-value chunks, the codes of each chunk permuted
+    (the order above) and packed again. A pure data movement; natural_order_codes inverts it."""
+    if packed.dtype != torch.uint8 or packed.dim() != 3:
+        raise TypeError(f"packed must be uint8 [E, N, K / 2], got {packed.dtype} {tuple(packed.shape)}")
+    e, n, half = packed.shape
+    chunks = -(-2 * half // _CHUNK)
+    codes = torch.zeros(e, n, chunks * _CHUNK, dtype=torch.uint8, device=packed.device)
+    codes[..., :2 * half] = unpack_fp4(packed)
+    codes = codes.view(e, n, chunks, *_COLUMN_DIMS).permute(0, 1, 2, *(3 + d for d in _STORED_FROM_COLUMNS))
+    return pack_fp4(codes.reshape(e, n, chunks * _CHUNK))
+
+
+def natural_order_codes(stored: torch.Tensor, k: int) -> torch.Tensor:
+    """The inverse of mma_order_codes: [E, N, K / 2] packed codes in column order, the padding dropped."""
+    e, n, half = stored.shape
+    chunks = 2 * half // _CHUNK
+    dims = [_COLUMN_DIMS[d] for d in _STORED_FROM_COLUMNS]
+    inverse = [_STORED_FROM_COLUMNS.index(d) for d in range(5)]
+    codes = unpack_fp4(stored).view(e, n, chunks, *dims).permute(0, 1, 2, *(3 + d for d in inverse))
+    return pack_fp4(codes.reshape(e, n, chunks * _CHUNK)[..., :k].contiguous())
+
+
+def bitplace_scales(scales: torch.Tensor, mx: bool, per_chunk: int) -> torch.Tensor:
     """Block scales [E, N, K / block] (uint8) in the kernel's layout: each row padded with zero bytes to whole
-    32-bit words, MX scales stored as s + 126 (the bf16 exponent field of 2^(s - 1), s <= 128), NVFP4 E4M3
-    codes as they are. A pure data movement and a byte offset; unbitplace_scales inverts it."""
+    128-value chunks (per_chunk scales each: 4 for MX, 8 for NVFP4; whole 32-bit words), MX scales stored as
+    s + 126 (the bf16 exponent field of 2^(s - 1), s <= 128), NVFP4 E4M3 codes as they are. A pure data
+    movement and a byte offset; unbitplace_scales inverts it."""
     if scales.dtype != torch.uint8 or scales.dim() != 3:
         raise TypeError(f"scales must be uint8 [E, N, K / block], got {scales.dtype} {tuple(scales.shape)}")
     if mx and int(scales.max()) > E8M0_FOLDABLE_MAX:
         raise ValueError(f"E8M0 scales above {E8M0_FOLDABLE_MAX} do not fold into one bf16 factor")
-    out = torch.zeros(*scales.shape[:2], -(-scales.shape[2] // 4) * 4, dtype=torch.uint8, device=scales.device)
+    width = -(-scales.shape[2] // per_chunk) * per_chunk
+    out = torch.zeros(*scales.shape[:2], width, dtype=torch.uint8, device=scales.device)
     out[..., :scales.shape[2]] = scales + _MX_FOLD if mx else scales
     return out
 

@@ -281,75 +281,142 @@ def _weight_tile(w_ptr, ws_ptr, expert, wrow, k0, n_mask, N_ROWS, K,
 @_device
 def _place_pair(word, MAG_L: tl.constexpr, MAG_R: tl.constexpr, SIGN_L: tl.constexpr):
     """Two E2M1 codes 16 bits apart in `word` (uint32), placed at once: magnitudes shifted (left MAG_L, then
-    right MAG_R) to bits 6..8 and 22..24, signs left by SIGN_L to bits 15 and 31; returned as the two 16-bit
-    float bit patterns (value x 2^-126) in int32."""
+    right MAG_R) to bits 6..8 and 22..24, signs left by SIGN_L to bits 15 and 31: two 16-bit float bit patterns
+    (value x 2^-126 each) in one int32."""
     pair = (((word << MAG_L) >> MAG_R) & 0x01C001C0) | ((word << SIGN_L) & 0x80008000)
-    return (pair & 0xFFFF).to(tl.int32), (pair >> 16).to(tl.int32)
+    return pair.to(tl.int32, bitcast=True)
 
 
 @_device
-def _bytes_of_words(words, ROWS: tl.constexpr, N_BYTES: tl.constexpr):
-    """int32 words [ROWS, N_BYTES / 4] -> their bytes [ROWS, N_BYTES] (int32, little-endian order)."""
+def _bytes_of_words(words):
+    """int32 words [...] -> their bytes [..., 2, 2] (int32; flattened, little-endian order)."""
     b0, b1, b2, b3 = words & 0xFF, (words >> 8) & 0xFF, (words >> 16) & 0xFF, (words >> 24) & 0xFF
-    return tl.reshape(tl.join(tl.join(b0, b2), tl.join(b1, b3)), (ROWS, N_BYTES))
+    return tl.join(tl.join(b0, b2), tl.join(b1, b3))
 
 
 @_device
-def _fp4_bitplace_tile(w_ptr, ws_ptr, expert, wrow, k0, n_mask, N_ROWS, K, W_KIND: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRET_DOT: tl.constexpr):
-    """[BLOCK_N, BLOCK_K] FP4 weights by bit placement (harness/backends/fp4_bits.py, checked exhaustively):
-    each E2M1 code's sign and magnitude bits placed into a 16-bit float (value x 2^-126), then
+def _mma_rows(n0, REPS: tl.constexpr):
+    """Output rows n of a [64 * REPS] weight tile, as [8, 4, REPS, 2] (g, warp, rep, h): n = n0 + 64 rep + 16 warp
+    + 8 h + g. A load of [8, 4, REPS, 2, 16 words] gets its lanes on g and the words (4 each: one 16-byte load)
+    and its warps on `warp` (the compiler fills lanes, then warps, along the contiguous dim first and then in
+    dim order): warp `warp` holding rows 16 warp + {g, g + 8}, lane 4g + t holding words 4t..4t+3 of each, the
+    threads that the wgmma register operand wants for those rows (tools/count_loop_instructions.py shows it)."""
+    g = tl.arange(0, 8)[:, None, None, None]
+    warp = tl.arange(0, 4)[None, :, None, None]
+    rep = tl.arange(0, REPS)[None, None, :, None]
+    h = tl.arange(0, 2)[None, None, None, :]
+    return n0 + 64 * rep + 16 * warp + 8 * h + g
+
+
+@_device
+def _to_mma_order(x, REPS: tl.constexpr, INNER: tl.constexpr):
+    """[8, 4, REPS, 2, INNER] in _mma_rows' order -> [64 * REPS, INNER] in row order (a register relabel)."""
+    return tl.reshape(tl.permute(x, (2, 1, 3, 0, 4)), (64 * REPS, INNER))
+
+
+@_device
+def _fp4_bitplace_tile(w_ptr, ws_ptr, expert, n0, ROW_MUL: tl.constexpr, ROW_ADD, n_limit, ci, N_ROWS, K,
+                       W_KIND: tl.constexpr, REPS: tl.constexpr, INTERPRET_DOT: tl.constexpr):
+    """[64 * REPS, 128] FP4 weights of rows ROW_MUL * n + ROW_ADD (n = n0 .. n0 + 64 REPS - 1), chunk ci of K,
+    by bit placement (harness/backends/fp4_bits.py, checked exhaustively), from the layout that
+    triton_bitplace.mma_order_codes wrote: in each 128-value chunk of a row, thread-group t's 32 codes (columns
+    16j + 2t + {0, 1, 8, 9}, the wgmma register operand's) are words 4t..4t+3, so one 16-byte load per row and
+    thread feeds its MMA registers with no layout conversion, each pair of adjacent columns 16 bits apart in a word. Each E2M1 code's sign and magnitude bits are
+    placed into a 16-bit float (value x 2^-126), then
       MXFP4 (W_KIND 1): one multiply by 2^(s - 1), the E8M0 block scale with the 2^126 bias folded in (exact
                         for s <= 128, which prepare() checks); prepare() stores s + 126, the exponent field
                         of 2^(s - 1), so the factor is that byte placed at bit 7
       NVFP4 (W_KIND 2): a multiply by 2^126, then by the E4M3 block scale, itself placed (value x 2^-120)
                         and multiplied by 2^120 (every product of an E2M1 and an E4M3 value is a bf16 value);
                         the per-expert global scale multiplies the accumulator.
-    Both read 32-bit words only (8 codes; 4 scale bytes, each row of scales padded to whole words by
-    prepare()), so the pipeliner can stream them with asynchronous copies.
     bf16 on the GPU; fp32 (the same placement, 16 bits higher) under the interpreter, whose bf16 is unsound."""
     e64 = expert.to(tl.int64)
-    # 8 codes per 32-bit load (K is a multiple of 32, so rows of K / 2 bytes are whole words)
-    kw = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+    n = _mma_rows(n0, REPS)
+    row = (n * ROW_MUL + ROW_ADD).to(tl.int64)
+    rmask = n < n_limit
+    chunks = (K + 127) // 128  # rows padded to whole 128-value chunks by prepare()
     w32 = w_ptr.to(tl.pointer_type(tl.int32))
-    offs = e64 * N_ROWS * (K // 8) + wrow[:, None].to(tl.int64) * (K // 8) + kw[None, :]
-    word = tl.load(w32 + offs, mask=n_mask[:, None] & (kw < K // 8)[None, :], other=0)
-    # code i of a word (element 8j + i: low nibble first in each little-endian byte) -> its 16-bit float bits:
-    # sign -> bit 15, magnitude -> bits 6..8; joined back so that the flat K order is the natural one
-    # codes i and i + 4 (bits 4i.. and 4i + 16..) placed together in one 32-bit word, then split
-    word = word.to(tl.uint32, bitcast=True)
-    c0, c4 = _place_pair(word, 6, 0, 12)
-    c1, c5 = _place_pair(word, 2, 0, 8)
-    c2, c6 = _place_pair(word, 0, 2, 4)
-    c3, c7 = _place_pair(word, 0, 6, 0)
-    bits = tl.reshape(tl.join(tl.join(tl.join(c0, c4), tl.join(c2, c6)), tl.join(tl.join(c1, c5), tl.join(c3, c7))),
-                      (BLOCK_N, BLOCK_K))
-    if INTERPRET_DOT:
-        v = (bits << 16).to(tl.float32, bitcast=True)
-    else:
-        v = bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
-    BLOCK: tl.constexpr = 32 if W_KIND == 1 else 16
-    KS_WORDS = (K // BLOCK + 3) // 4
-    sw = k0 // (4 * BLOCK) + tl.arange(0, BLOCK_K // (4 * BLOCK))
+    wbase = e64 * N_ROWS * (chunks * 16) + row * (chunks * 16) + ci * 16
+    word = tl.load(w32 + wbase[:, :, :, :, None] + tl.arange(0, 16)[None, None, None, None, :],
+                   mask=rmask[:, :, :, :, None], other=0).to(tl.uint32, bitcast=True)
+    # block scales: 4 (MX, 32 values) or 8 (NVFP4, 16 values) bytes per chunk and row, in whole words, loaded
+    # in the rows' order of the codes (no layout conversion)
+    SW: tl.constexpr = 1 if W_KIND == 1 else 2
     s32 = ws_ptr.to(tl.pointer_type(tl.int32))
-    s_offs = e64 * N_ROWS * KS_WORDS + wrow[:, None].to(tl.int64) * KS_WORDS + sw[None, :]
-    sbytes = _bytes_of_words(tl.load(s32 + s_offs, mask=n_mask[:, None] & (sw < KS_WORDS)[None, :], other=0),
-                             BLOCK_N, BLOCK_K // BLOCK)
+    sbase = e64 * N_ROWS * (chunks * SW) + row * (chunks * SW) + ci * SW
+    if SW == 1:
+        sbytes = tl.reshape(_bytes_of_words(tl.load(s32 + sbase, mask=rmask, other=0)), (8, 4, REPS, 2, 1, 4))
+    else:
+        sw = tl.load(s32 + sbase[:, :, :, :, None] + tl.arange(0, 2)[None, None, None, None, :],
+                     mask=rmask[:, :, :, :, None], other=0)
+        sbytes = tl.reshape(_bytes_of_words(sw), (8, 4, REPS, 2, 1, 8))
+    # the factor of each block as bf16 bits: MX 2^(s - 1), the stored exponent field s + 126 placed at bit 7;
+    # NVFP4 the E4M3 value (placed: value x 2^-120, then x 2^120 in fp32 on this small tensor, exact)
     if W_KIND == 1:
-        fbits = sbytes << 7  # 2^(s - 1): the stored exponent field s + 126 at bf16's exponent
+        fbits = sbytes << 7
     else:
-        fbits = ((sbytes & 0x7F) << 4) | ((sbytes & 0x80) << 8)  # E4M3 placed: value x 2^-120
+        e4m3 = ((((sbytes & 0x7F) << 4) | ((sbytes & 0x80) << 8)) << 16).to(tl.float32, bitcast=True)
+        fbits = ((e4m3 * 1.329227995784916e36).to(tl.uint32, bitcast=True) >> 16).to(tl.int32)
+    # nibble n = 4 i0 + 2 i2 + i1 of word 4t + q (low nibble first in each little-endian byte) -> its 16-bit float
+    # bits (sign -> bit 15, magnitude -> bits 6..8): nibbles n and n + 4 (columns c and c + 1) placed together
+    # into one 32-bit word, the bf16x2 register that the MMA takes
+    word = tl.reshape(word, (8, 4, REPS, 2, 4, 4))
+    p0 = _place_pair(word, 6, 0, 12)
+    p1 = _place_pair(word, 2, 0, 8)
+    p2 = _place_pair(word, 0, 2, 4)
+    p3 = _place_pair(word, 0, 6, 0)
+    # MX: every pair of word (t, q) is in block q; NVFP4: pairs n = 0, 1 in block 2q, pairs 2, 3 in block 2q + 1
+    if W_KIND == 1:
+        f01 = tl.broadcast_to(fbits, (8, 4, REPS, 2, 4, 4))
+        f23 = f01
+    else:
+        f01, f23 = tl.split(tl.reshape(fbits, (8, 4, REPS, 2, 1, 4, 2)))
+        f01 = tl.broadcast_to(f01, (8, 4, REPS, 2, 4, 4))
+        f23 = tl.broadcast_to(f23, (8, 4, REPS, 2, 4, 4))
     if INTERPRET_DOT:
-        f = (fbits << 16).to(tl.float32, bitcast=True)
+        # the fp32 twin: each 16-bit pattern 16 bits up is the same value; the same exact products
+        lo0, hi0 = _scaled_halves_f32(p0, f01, W_KIND)
+        lo1, hi1 = _scaled_halves_f32(p1, f01, W_KIND)
+        lo2, hi2 = _scaled_halves_f32(p2, f23, W_KIND)
+        lo3, hi3 = _scaled_halves_f32(p3, f23, W_KIND)
     else:
-        f = fbits.to(tl.int16).to(tl.bfloat16, bitcast=True)
+        lo0, hi0 = _scaled_halves_bf16(p0, f01, W_KIND)
+        lo1, hi1 = _scaled_halves_bf16(p1, f01, W_KIND)
+        lo2, hi2 = _scaled_halves_bf16(p2, f23, W_KIND)
+        lo3, hi3 = _scaled_halves_bf16(p3, f23, W_KIND)
+    # pair n = 2 i2 + i1, half i0: joined as [.., i2, i1, i0]
+    w = tl.join(tl.join(tl.join(lo0, lo2), tl.join(lo1, lo3)), tl.join(tl.join(hi0, hi2), tl.join(hi1, hi3)))
+    # [.., 4 t, 4 q, 8 (i2, i1, i0)] -> columns 32q + 16 i2 + 8 i1 + 2t + i0 (the stored order's inverse):
+    # (t, q i2 i1, i0) -> (q i2 i1, t, i0), then the rows in order: register relabels
+    w = tl.permute(tl.reshape(w, (8, 4, REPS, 2, 4, 16, 2)), (0, 1, 2, 3, 5, 4, 6))
+    return _to_mma_order(tl.reshape(w, (8, 4, REPS, 2, 128)), REPS, 128)
+
+
+@_device
+def _scaled_halves_bf16(pair, fbits, W_KIND: tl.constexpr):
+    """The two bf16 values of a placed pair (value x 2^-126 each) times the block factor fbits (bf16 bits), as
+    packed bf16x2 multiplies (mul.rn keeps subnormals: the placed 0.5): MX one by 2^(s - 1), NVFP4 one by 2^126
+    and one by the E4M3 value. Exact: every product is a bf16 value."""
+    f2 = fbits | (fbits << 16)
     if W_KIND == 2:
-        f = f * 1.329227995784916e36  # 2^120: the E4M3 value (exact)
-        v = v * 8.507059173023462e37  # 2^126: the E2M1 value (exact)
-    w = tl.reshape(tl.reshape(v, (BLOCK_N, BLOCK_K // BLOCK, BLOCK)) * f[:, :, None], (BLOCK_N, BLOCK_K))
-    if INTERPRET_DOT:
-        return w
-    return w.to(tl.bfloat16)  # bf16 values already (a no-op unless a constant promoted the product)
+        pair = tl.inline_asm_elementwise("mul.rn.bf16x2 $0, $1, $2;", "=r,r,r", [pair, tl.full(pair.shape, 0x7E807E80, tl.int32)],
+                                         dtype=tl.int32, is_pure=True, pack=1)
+    pair = tl.inline_asm_elementwise("mul.rn.bf16x2 $0, $1, $2;", "=r,r,r", [pair, f2], dtype=tl.int32, is_pure=True,
+                                     pack=1)
+    return tl.inline_asm_elementwise("mov.b32 {$0, $1}, $2;", "=h,=h,r", [pair], dtype=(tl.bfloat16, tl.bfloat16),
+                                     is_pure=True, pack=1)
+
+
+@_device
+def _scaled_halves_f32(pair, fbits, W_KIND: tl.constexpr):
+    """_scaled_halves_bf16's values in fp32 (the interpreter's twin)."""
+    f = (fbits << 16).to(tl.float32, bitcast=True)
+    lo = ((pair & 0xFFFF) << 16).to(tl.float32, bitcast=True)
+    hi = ((pair >> 16) << 16).to(tl.float32, bitcast=True)
+    if W_KIND == 2:
+        lo = lo * 8.507059173023462e37  # 2^126
+        hi = hi * 8.507059173023462e37
+    return lo * f, hi * f
 
 
 @_device
@@ -523,21 +590,37 @@ def moe_gemm_kernel(
         g_row = n_offs
         u_row = n_offs
     if BITPLACE:  # FP4 W4A16 by bit placement: weights x tokens^T, accumulators [BLOCK_N, BLOCK_M]
+        REPS: tl.constexpr = BLOCK_N // 64
+        n0 = pid_n * BLOCK_N
+        if GATED:
+            if INTERLEAVED:
+                G_MUL: tl.constexpr = 2
+                g_add = 0
+                u_add = 1
+            else:
+                G_MUL: tl.constexpr = 1
+                g_add = 0
+                u_add = N_OUT
+        else:
+            G_MUL: tl.constexpr = 1
+            g_add = 0
+            u_add = 0
         acc_gt = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         acc_ut = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            k_offs = k0 + tl.arange(0, BLOCK_K)
+        for ci in range(0, (K + 127) // 128):  # by chunk index: offsets ci x 16 words are known multiples of 16
+            k0 = ci * 128
+            k_offs = k0 + tl.arange(0, 128)
             # bf16 straight into the dot when compiled (a load the pipeliner streams into shared memory)
             a = tl.load(a_ptr + a_row[:, None] * K + k_offs[None, :], mask=m_mask[:, None] & (k_offs < K)[None, :],
                         other=0.0)
             if INTERPRET_DOT:
                 a = bf16_to_f32(a)
-            wg = _fp4_bitplace_tile(w_ptr, ws_ptr, expert, g_row, k0, n_mask, N_ROWS, K, W_KIND, BLOCK_N, BLOCK_K,
+            wg = _fp4_bitplace_tile(w_ptr, ws_ptr, expert, n0, G_MUL, g_add, N_OUT, ci, N_ROWS, K, W_KIND, REPS,
                                     INTERPRET_DOT)
             acc_gt += _dot_weights_first(wg, a, INTERPRET_DOT)
             if GATED:
-                wu = _fp4_bitplace_tile(w_ptr, ws_ptr, expert, u_row, k0, n_mask, N_ROWS, K, W_KIND,
-                                        BLOCK_N, BLOCK_K, INTERPRET_DOT)
+                wu = _fp4_bitplace_tile(w_ptr, ws_ptr, expert, n0, G_MUL, u_add, N_OUT, ci, N_ROWS, K, W_KIND, REPS,
+                                        INTERPRET_DOT)
                 acc_ut += _dot_weights_first(wu, a, INTERPRET_DOT)
         acc_g = tl.trans(acc_gt)
         acc_u = tl.trans(acc_ut) if GATED else acc_g
