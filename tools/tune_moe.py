@@ -26,11 +26,9 @@ DECODE = [dict(block_m=16, block_n=n, block_k=k, num_warps=w, num_stages=s)
           for n, k, w, s in itertools.product((32, 64, 128), (128, 256), (4,), (2, 3, 4))]
 PREFILL = [dict(block_m=m, block_n=n, block_k=k, num_warps=w, num_stages=3)
            for m, n, k, w in itertools.product((64, 128), (64, 128), (64,), (4, 8))]
-# triton_bitplace: a K step is at least 128 (whole words of scales); wider N tiles and deeper pipelines too
-BITPLACE_DECODE = [dict(block_m=16, block_n=n, block_k=k, num_warps=4, num_stages=s)
-                   for n, k, s in itertools.product((64, 128), (128, 256), (2, 3, 4, 5))] + [
-                   dict(block_m=16, block_n=n, block_k=128, num_warps=8, num_stages=s)
-                   for n, s in itertools.product((128, 256), (3, 4))]
+# triton_bitplace: one 128-value chunk per K step and one warpgroup (its tiles' layout is the wgmma operand's)
+BITPLACE_DECODE = [dict(block_m=16, block_n=n, block_k=128, num_warps=4, num_stages=s)
+                   for n, s in itertools.product((64, 128, 256), (2, 3, 4, 5))]
 CASES = [("gpt-oss-120b", "w_mxfp4", "triton_dot_scaled"), ("gpt-oss-120b", "w_mxfp4", "triton_emulation"),
          ("gpt-oss-120b", "w_nvfp4", "triton_emulation"), ("gpt-oss-120b", "bf16", "triton_emulation")]
 
