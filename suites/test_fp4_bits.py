@@ -147,15 +147,20 @@ def test_each_thread_group_finds_its_wgmma_columns_in_16_contiguous_bytes():
         assert word0 == [2 * t, 2 * t + 8, 2 * t + 16, 2 * t + 24, 2 * t + 1, 2 * t + 9, 2 * t + 17, 2 * t + 25]
 
 
+@pytest.mark.parametrize("tiles", [{}, dict(block_n=128, w2_block_n=128), dict(block_n=64, w2_block_n=128)],
+                         ids=["default", "two_reps", "w2_two_reps"])
 @pytest.mark.parametrize("scheme", ["w_mxfp4", "w_nvfp4"])
-def test_the_bitplace_kernel_reads_k_tails(scheme):
-    """K not a multiple of the 128-wide K step, nor of a word of scales (H = 160: 5 MX blocks, I = 96: 3): the
-    kernel's masked tail words and padded scale words, against the reference (CPU: the fp32 twin)."""
+def test_the_bitplace_kernel_reads_k_tails(scheme, tiles):
+    """K not a multiple of the 128-wide K step, nor of a word of scales (H = 160: 5 MX blocks, I = 96: 3), N not a
+    multiple of the tile: the kernel's padded chunks, masked rows and scale words against the reference (CPU: the
+    fp32 twin), with one and two 64-row repeats per tile."""
     from harness.backends.triton_bitplace import TritonBitplaceBackend
     from harness.core.conformance import Shape, backend_shape, compare_backend, reference_run
     from harness.backends import backend_structure
 
     backend = TritonBitplaceBackend()
+    if tiles:
+        backend.configure(block_m=16, block_k=128, num_warps=4, num_stages=2, **tiles)
     shape = backend_shape(backend, Shape(num_experts=4, hidden_size=160, intermediate_size=96, tokens=7, top_k=3))
     ckpt, inputs, out, trace = reference_run(scheme, "SWIGLUOAI", "e4m3fn", shape, 3, backend_structure(backend))
     assert backend.prepare(ckpt).constexprs == dict(BITPLACE=True)

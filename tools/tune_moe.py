@@ -26,9 +26,12 @@ DECODE = [dict(block_m=16, block_n=n, block_k=k, num_warps=w, num_stages=s)
           for n, k, w, s in itertools.product((32, 64, 128), (128, 256), (4,), (2, 3, 4))]
 PREFILL = [dict(block_m=m, block_n=n, block_k=k, num_warps=w, num_stages=3)
            for m, n, k, w in itertools.product((64, 128), (64, 128), (64,), (4, 8))]
-# triton_bitplace: one 128-value chunk per K step and one warpgroup (its tiles' layout is the wgmma operand's)
-BITPLACE_DECODE = [dict(block_m=16, block_n=n, block_k=128, num_warps=4, num_stages=s)
-                   for n, s in itertools.product((64, 128, 256), (2, 3, 4, 5))]
+# triton_bitplace: one 128-value chunk per K step and one warpgroup (its tiles' layout is the wgmma operand's);
+# GEMM2 (ungated: half GEMM1's bytes per step) may take a wider N tile; maxnreg 96 fits five programs per SM
+BITPLACE_DECODE = [dict(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=s, w2_block_n=n2, maxnreg=r)
+                   for s, n2, r in itertools.product((3, 4), (64, 128), (0, 96))]
+BITPLACE_PREFILL = [dict(block_m=m, block_n=64, block_k=128, num_warps=4, num_stages=s)
+                    for m, s in itertools.product((64, 128), (2, 3))]
 CASES = [("gpt-oss-120b", "w_mxfp4", "triton_dot_scaled"), ("gpt-oss-120b", "w_mxfp4", "triton_emulation"),
          ("gpt-oss-120b", "w_nvfp4", "triton_emulation"), ("gpt-oss-120b", "bf16", "triton_emulation")]
 
@@ -57,7 +60,8 @@ def main() -> int:
             w = w.float().contiguous()
             nbytes = weight_bytes(ckpt, ids)
             best = None
-            grid = PREFILL if tokens >= 512 else BITPLACE_DECODE if name == "triton_bitplace" else DECODE
+            bitplace = name == "triton_bitplace"
+            grid = (BITPLACE_PREFILL if bitplace else PREFILL) if tokens >= 512 else BITPLACE_DECODE if bitplace else DECODE
             for cfg in grid:
                 backend.configure(**cfg)
                 try:
@@ -73,7 +77,7 @@ def main() -> int:
                 if best is None or ms * 1e3 < best["us"]:
                     best = row
             print(f"{model} {scheme} {name} T={tokens}: best {best['us']:.1f} us ({best['pct_copy']:.1f}% of copy) "
-                  f"with {({k: best[k] for k in ('block_m', 'block_n', 'block_k', 'num_warps', 'num_stages')})}", flush=True)
+                  f"with {({k: best[k] for k in cfg})}", flush=True)
         del prep, ckpt
         torch.cuda.empty_cache()
     return finish_tool("tune.json", bw, results)

@@ -20,7 +20,15 @@ from reference.packing import pack_fp4, unpack_fp4
 from reference.quantizers import MX, NVFP4
 
 from .fp4_bits import E8M0_FOLDABLE_MAX
+from . import triton_kernels
 from .triton_emulation import TritonEmulationBackend
+
+
+# (max pairs, tiles), first match wins: the H200 sweep of tools/tune_moe.py (BENCHMARKS.md)
+BITPLACE_TILES = (
+    (1024, dict(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4)),
+    (1 << 62, dict(block_m=64, block_n=64, block_k=128, num_warps=4, num_stages=3)),
+)
 
 
 class TritonBitplaceBackend(TritonEmulationBackend):
@@ -42,9 +50,16 @@ class TritonBitplaceBackend(TritonEmulationBackend):
         return super().available(platform)
 
     def tile_config(self, n_pairs: int, weight_kind) -> dict:
-        tiles = super().tile_config(n_pairs, weight_kind)
-        # the kernel's K step is one 128-value chunk; its N tile a multiple of 64 rows on one warpgroup
-        return dict(tiles, block_k=128, block_n=max(64, tiles["block_n"] // 64 * 64), num_warps=4)
+        # the kernel's K step is one 128-value chunk and its N tile a multiple of 64 rows on one warpgroup (the
+        # layout of its loads is the wgmma register operand's); from the H200 sweep (tools/tune_moe.py)
+        if self.tiles is not None:
+            return dict(self.tiles, block_k=128, block_n=max(64, self.tiles["block_n"] // 64 * 64), num_warps=4)
+        if triton_kernels.INTERPRET:
+            return dict(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=2)
+        for max_pairs, cfg in BITPLACE_TILES:
+            if n_pairs <= max_pairs:
+                return dict(cfg)
+        raise AssertionError("BITPLACE_TILES ends with a catch-all row")
 
     def prepare(self, ckpt):
         prep = super().prepare(ckpt)

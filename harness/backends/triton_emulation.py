@@ -73,7 +73,9 @@ class Prepared:
     constexprs: dict = field(default_factory=dict)  # a subclass's kernel switches for this checkpoint
 
 
-TILE_KEYS = ("block_m", "block_n", "block_k", "num_warps", "num_stages")
+TILE_KEYS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "w2_block_n", "maxnreg")
+# optional keys: w2_block_n (GEMM2's N tile where it differs from GEMM1's), maxnreg (a register cap per thread, so
+# that more programs fit on a multiprocessor; 0 = the compiler's choice)
 # (max pairs, weight kinds or None for any, tiles), first match wins. Decode rows from the H200 sweep
 # of tools/tune_moe.py --quick (results/gpu-issue8/tune.json); prefill rows from its prefill sweep.
 TILE_TABLE = (
@@ -322,7 +324,9 @@ class TritonEmulationBackend:
         n_rows = (2 * n_out if act.gated else n_out) if which == "w13" else n_out
         elem = None if wq is None else wq.kind.code_format(wq, ckpt.fp8_format)
         dummy = out
-        grid = (block_expert.numel(), triton_cdiv(n_out, tiles["block_n"]))
+        block_n = tiles.get(f"{which}_block_n") or tiles["block_n"]
+        grid = (block_expert.numel(), triton_cdiv(n_out, block_n))
+        launch_options = {"maxnreg": tiles["maxnreg"]} if tiles.get("maxnreg") else {}
         self.last_compiled[which] = K.moe_gemm_kernel[grid](
             a, a_scale if a_mode else dummy, w, ws if ws is not None else dummy,
             block_scale if block_scale is not None else dummy, expert_scale if expert_scale is not None else dummy,
@@ -334,9 +338,9 @@ class TritonEmulationBackend:
             HAS_EXPERT_SCALE=expert_scale is not None, HAS_BIAS=bias is not None,
             GATED=bool(apply_act and act.gated), INTERLEAVED=act.interleaved, ACT=_ACT_IDS[act.formula],
             APPLY_ACT=apply_act, HAS_LIMIT=act.limit is not None, BLOCK_M=tiles["block_m"],
-            BLOCK_N=tiles["block_n"], BLOCK_K=tiles["block_k"], INTERPRET_DOT=K.INTERPRET,
+            BLOCK_N=block_n, BLOCK_K=tiles["block_k"], INTERPRET_DOT=K.INTERPRET,
             DOT_SCALED=self.use_dot_scaled, DS_FMT=self.dot_scaled_format(elem) if self.use_dot_scaled else "e2m1",
-            num_warps=tiles["num_warps"], num_stages=tiles["num_stages"], **prep.constexprs,
+            num_warps=tiles["num_warps"], num_stages=tiles["num_stages"], **launch_options, **prep.constexprs,
         )
 
 
