@@ -1,17 +1,23 @@
-"""triton_bitplace: FP4 W4A16 (MXFP4, gpt-oss; NVFP4) with the weights decoded by bit placement (issue 15):
-each E2M1 code's bits placed into a bf16; for MXFP4 one bf16 multiply by 2^(s - 1), the block scale with the
-2^126 bias folded in; for NVFP4 a multiply by 2^126 and one by the E4M3 block scale (the global scale on the
-accumulator) (harness/backends/fp4_bits.py states the contract and checks it for every byte and scale), and the
-weights as the MMA's wide side with the tokens as its N. No lookup, no integer-to-float conversion, no NaN
-select. A checkpoint with an MX block scale above 2 (E8M0 > 128, where the fold would leave bf16), the NaN
-scale 0xFF, or an NVFP4 NaN block scale falls back to triton_emulation's decode: never a silent rounding.
-The rest of the pipeline is triton_emulation's. On a GPU it runs only with MOE_CONFORMANCE_UNVERIFIED=1 until a GPU run has passed
-the conformance suite (the CPU runs its fp32 twin under the interpreter)."""
+"""triton_bitplace: FP4 W4A16 (MXFP4, gpt-oss; NVFP4) with the weights decoded by bit placement (issue 15).
+
+prepare() lays the codes out in the order of the wgmma register operand (mma_order_codes: in each 128-value
+chunk of a row, the 32 codes one thread multiplies are 16 contiguous bytes, the two columns of each bf16x2
+register 16 bits apart in a word) and the block scales in whole words per chunk (MX stored as the exponent field
+of 2^(s - 1)); both are pure data movements with inverses (suites/test_fp4_bits.py). The kernel loads each row's
+16 bytes with one 16-byte load per thread, places each E2M1 code's bits into a bf16 (value x 2^-126) two at a
+time, and multiplies each bf16x2 by the block factor: for MXFP4 2^(s - 1) (the 2^126 bias folded in), for NVFP4
+2^126 and then the E4M3 block scale (the global scale on the accumulator). harness/backends/fp4_bits.py states
+the contract and checks it for every byte and scale. The tile is the MMA's wide side (weights x tokens^T) and
+its layout is already the operand's: no shared-memory round trip, no lookup, no integer-to-float conversion, no
+NaN select. A checkpoint with an MX block scale above 2 (E8M0 > 128, where the fold would leave bf16), the NaN
+scale 0xFF, or an NVFP4 NaN block scale falls back to triton_emulation's decode in the checkpoint's layout:
+never a silent rounding. The rest of the pipeline is triton_emulation's. The CPU runs its fp32 twin under the
+interpreter; the H200 runs passed the conformance suite (results/gpu-issue15/).
+"""
 
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import torch
 
@@ -40,14 +46,6 @@ class TritonBitplaceBackend(TritonEmulationBackend):
         if not fp4 or problem.scheme.act is not None:
             return False, "bit-placement path: MXFP4 or NVFP4 weights with bf16 activations (W4A16) only"
         return super().supports(problem, platform)
-
-    def available(self, platform) -> tuple[bool, str]:
-        # The interpreter runs the fp32 twin of the placement (make test); the bf16 one (a bf16 multiply of
-        # subnormal codes, which must not flush) compiled for sm90 but has not run on a GPU yet.
-        if self.device != "cpu" and os.environ.get("MOE_CONFORMANCE_UNVERIFIED") != "1":
-            return False, ("its bf16 GPU path has not run on hardware yet (compiled for sm90 only); "
-                           "MOE_CONFORMANCE_UNVERIFIED=1 runs it")
-        return super().available(platform)
 
     def tile_config(self, n_pairs: int, weight_kind) -> dict:
         # the kernel's K step is one 128-value chunk and its N tile a multiple of 64 rows on one warpgroup (the
