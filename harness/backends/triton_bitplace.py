@@ -1,4 +1,6 @@
-"""triton_bitplace: FP4 W4A16 (MXFP4, gpt-oss; NVFP4) with the weights decoded by bit placement (issue 15).
+"""triton_bitplace: FP4 weights (MXFP4, gpt-oss; NVFP4) decoded by bit placement (issue 15), with bf16 activations
+(W4A16) or the activations that triton_emulation quantizes to exact bf16 values with a scale on the accumulator
+(MXFP4/MXFP6 W4A4/W4A6, NVFP4 W4A4, static FP8 W4A8).
 
 prepare() lays the codes out in the order of the wgmma register operand (mma_order_codes: in each 128-value
 chunk of a row, the 32 codes one thread multiplies are 16 contiguous bytes, the two columns of each bf16x2
@@ -23,7 +25,7 @@ import torch
 
 from reference.formats import E2M1
 from reference.packing import pack_fp4, unpack_fp4
-from reference.quantizers import MX, NVFP4
+from reference.quantizers import FP8, MX, NVFP4
 
 from .fp4_bits import E8M0_FOLDABLE_MAX
 from . import triton_kernels
@@ -41,10 +43,12 @@ class TritonBitplaceBackend(TritonEmulationBackend):
     name = "triton_bitplace"
 
     def supports(self, problem, platform) -> tuple[bool, str]:
-        w = problem.scheme.weight
-        fp4 = w is not None and (w.kind is NVFP4 or w.kind is MX and w.elem is E2M1)
-        if not fp4 or problem.scheme.act is not None:
-            return False, "bit-placement path: MXFP4 or NVFP4 weights with bf16 activations (W4A16) only"
+        w, act = problem.scheme.weight, problem.scheme.act
+        if w is None or not (w.kind is NVFP4 or w.kind is MX and w.elem is E2M1):
+            return False, "bit-placement path: MXFP4 or NVFP4 weights only"
+        if act is not None and act.kind is FP8 and not act.static:
+            # the activation scale per token and 128 columns would multiply each K step's partial product
+            return False, "bit-placement path: activations bf16, MX, NVFP4 or static FP8 (scales on the accumulator)"
         return super().supports(problem, platform)
 
     def tile_config(self, n_pairs: int, weight_kind) -> dict:

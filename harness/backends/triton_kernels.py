@@ -344,19 +344,25 @@ def _fp4_bitplace_tile(w_ptr, ws_ptr, expert, n0, ROW_MUL: tl.constexpr, ROW_ADD
     SW: tl.constexpr = 1 if W_KIND == 1 else 2
     s32 = ws_ptr.to(tl.pointer_type(tl.int32))
     sbase = e64 * N_ROWS * (chunks * SW) + row * (chunks * SW) + ci * SW
-    if SW == 1:
+    # the factor of each block as bf16 bits (int32): MX 2^(s - 1), the stored exponent field s + 126 placed at
+    # bit 7; NVFP4 the E4M3 value (placed: value x 2^-120, then x 2^120, exact)
+    if W_KIND == 1:
         sbytes = tl.reshape(_bytes_of_words(tl.load(s32 + sbase, mask=rmask, other=0)), (8, 4, REPS, 2, 1, 4))
+        fbits = sbytes << 7
     else:
         sw = tl.load(s32 + sbase[:, :, :, :, None] + tl.arange(0, 2)[None, None, None, None, :],
                      mask=rmask[:, :, :, :, None], other=0)
-        sbytes = tl.reshape(_bytes_of_words(sw), (8, 4, REPS, 2, 1, 8))
-    # the factor of each block as bf16 bits: MX 2^(s - 1), the stored exponent field s + 126 placed at bit 7;
-    # NVFP4 the E4M3 value (placed: value x 2^-120, then x 2^120 in fp32 on this small tensor, exact)
-    if W_KIND == 1:
-        fbits = sbytes << 7
-    else:
-        e4m3 = ((((sbytes & 0x7F) << 4) | ((sbytes & 0x80) << 8)) << 16).to(tl.float32, bitcast=True)
-        fbits = ((e4m3 * 1.329227995784916e36).to(tl.uint32, bitcast=True) >> 16).to(tl.int32)
+        if INTERPRET_DOT:
+            sbytes = tl.reshape(_bytes_of_words(sw), (8, 4, REPS, 2, 1, 8))
+            e4m3 = ((((sbytes & 0x7F) << 4) | ((sbytes & 0x80) << 8)) << 16).to(tl.float32, bitcast=True)
+            fbits = ((e4m3 * 1.329227995784916e36).to(tl.uint32, bitcast=True) >> 16).to(tl.int32)
+        else:
+            # bytes (0, 2) and (1, 3) of each word placed two at a time as bf16x2 words, one packed multiply by
+            # 2^120 each, then split into the blocks' bits
+            even = _mul_bf16x2(((sw & 0x007F007F) << 4) | ((sw & 0x00800080) << 8), 0x7B807B80)
+            odd = _mul_bf16x2((((sw >> 8) & 0x007F007F) << 4) | (((sw >> 8) & 0x00800080) << 8), 0x7B807B80)
+            fbits = tl.join(tl.join(even & 0xFFFF, odd & 0xFFFF), tl.join((even >> 16) & 0xFFFF, (odd >> 16) & 0xFFFF))
+            fbits = tl.reshape(tl.permute(fbits, (0, 1, 2, 3, 4, 6, 5)), (8, 4, REPS, 2, 1, 8))  # block order
     # nibble n = 4 i0 + 2 i2 + i1 of word 4t + q (low nibble first in each little-endian byte) -> its 16-bit float
     # bits (sign -> bit 15, magnitude -> bits 6..8): nibbles n and n + 4 (columns c and c + 1) placed together
     # into one 32-bit word, the bf16x2 register that the MMA takes
@@ -393,14 +399,20 @@ def _fp4_bitplace_tile(w_ptr, ws_ptr, expert, n0, ROW_MUL: tl.constexpr, ROW_ADD
 
 
 @_device
+def _mul_bf16x2(x, c):
+    """Packed bf16x2 product of the int32 words x and the constant word c (round to nearest, subnormals kept)."""
+    return tl.inline_asm_elementwise("mul.rn.bf16x2 $0, $1, $2;", "=r,r,r", [x, tl.full(x.shape, c, tl.int32)],
+                                     dtype=tl.int32, is_pure=True, pack=1)
+
+
+@_device
 def _scaled_halves_bf16(pair, fbits, W_KIND: tl.constexpr):
     """The two bf16 values of a placed pair (value x 2^-126 each) times the block factor fbits (bf16 bits), as
     packed bf16x2 multiplies (mul.rn keeps subnormals: the placed 0.5): MX one by 2^(s - 1), NVFP4 one by 2^126
     and one by the E4M3 value. Exact: every product is a bf16 value."""
     f2 = fbits | (fbits << 16)
     if W_KIND == 2:
-        pair = tl.inline_asm_elementwise("mul.rn.bf16x2 $0, $1, $2;", "=r,r,r", [pair, tl.full(pair.shape, 0x7E807E80, tl.int32)],
-                                         dtype=tl.int32, is_pure=True, pack=1)
+        pair = _mul_bf16x2(pair, 0x7E807E80)  # x 2^126
     pair = tl.inline_asm_elementwise("mul.rn.bf16x2 $0, $1, $2;", "=r,r,r", [pair, f2], dtype=tl.int32, is_pure=True,
                                      pack=1)
     return tl.inline_asm_elementwise("mov.b32 {$0, $1}, $2;", "=h,=h,r", [pair], dtype=(tl.bfloat16, tl.bfloat16),
@@ -589,7 +601,8 @@ def moe_gemm_kernel(
     else:
         g_row = n_offs
         u_row = n_offs
-    if BITPLACE:  # FP4 W4A16 by bit placement: weights x tokens^T, accumulators [BLOCK_N, BLOCK_M]
+    if BITPLACE:  # FP4 weights by bit placement: weights x tokens^T, accumulators [BLOCK_N, BLOCK_M]
+        tl.static_assert(A_SCALE != 2, "the bit-placement loop applies activation scales on the accumulator only")
         REPS: tl.constexpr = BLOCK_N // 64
         n0 = pid_n * BLOCK_N
         if GATED:
