@@ -118,27 +118,28 @@ def test_the_bitplace_scale_layout_pads_rows_to_chunks_and_inverts(k, mx):
 def test_the_mma_order_of_codes_is_a_padded_permutation_that_inverts(k):
     """The codes' layout (triton_bitplace.mma_order_codes) at the models' K: rows padded with zero codes to
     128-value chunks, a permutation inside each chunk, undone by natural_order_codes."""
-    from harness.backends.triton_bitplace import mma_order_codes, natural_order_codes
+    from harness.backends.triton_bitplace import mma_order_codes, natural_order_codes, word_codes
 
     packed = torch.randint(0, 256, (2, 3, k // 2), generator=torch.Generator().manual_seed(k), dtype=torch.uint8)
     stored = mma_order_codes(packed)
     assert stored.shape == (2, 3, -(-k // 128) * 64)
     assert torch.equal(natural_order_codes(stored, k), packed)
-    assert torch.equal(unpack_fp4(stored).sort(-1).values[..., -k:], unpack_fp4(packed).sort(-1).values)  # same codes
+    codes = word_codes(stored).flatten(-2)  # the same codes, rearranged
+    assert torch.equal(codes.sort(-1).values[..., -k:], unpack_fp4(packed).sort(-1).values)
 
 
 def test_each_thread_group_finds_its_wgmma_columns_in_16_contiguous_bytes():
     """The stored order, named position by position: bytes 16t..16t+15 of a chunk hold exactly the columns
     16j + 2t + {0, 1, 8, 9} (j = 0..7) that thread-group t of the wgmma register operand multiplies; word q holds
-    j = 2q, 2q + 1 (one 32-value MX block), columns c and c + 1 in nibbles n and n + 4 (one bf16x2 register)."""
-    from harness.backends.triton_bitplace import mma_order_codes
+    j = 2q, 2q + 1 (one 32-value MX block), columns c and c + 1 as its codes n and n + 4 (one bf16x2 register)."""
+    from harness.backends.triton_bitplace import mma_order_codes, word_codes
 
     column = torch.arange(128)
     # mark each column by its code: only 16 codes exist, so place column c's identity in two passes
     got = torch.zeros(128, dtype=torch.long)
     for nibble in range(2):
         ids = ((column >> (4 * nibble)) & 0xF).to(torch.uint8)
-        stored = unpack_fp4(mma_order_codes(pack_fp4(ids).view(1, 1, 64))).view(128).long()
+        stored = word_codes(mma_order_codes(pack_fp4(ids).view(1, 1, 64))).view(128).long()
         got |= stored << (4 * nibble)
     for t in range(4):
         want = [16 * j + 2 * t + d for j in range(8) for d in (0, 8, 1, 9)]
@@ -166,3 +167,28 @@ def test_the_bitplace_kernel_reads_k_tails(scheme, tiles):
     assert backend.prepare(ckpt).constexprs == dict(BITPLACE=True)
     result = compare_backend(backend, ckpt, inputs, out, trace, f"K tail/{scheme}")
     assert result.ok, result.message()
+
+
+def _place_pairs(word: torch.Tensor) -> list[torch.Tensor]:
+    """triton_kernels._place_pairs in torch (int64 words): the four bf16x2 bit patterns of a stored word."""
+    m, s, sign = 0x81C081C0, 0xFFFFFFFF, 0x80008000
+    return [word & m, (word << 3) & m & s, (word << 6) & m & s,
+            ((word >> 4) & 0x00C000C0) | ((word >> 5) & 0x01000100) | ((word << 1) & sign)]
+
+
+def test_the_kernel_places_every_code_at_every_position_of_a_word():
+    """The kernel's shifts and masks against the stored bit positions (triton_bitplace.CODE_BITS): every one of
+    the 16 codes in every one of the 8 slots of a word (and random words) comes out as the bf16 bits that
+    place_e2m1 gives it, sign at 15 / 31 and magnitude at 6..8 / 22..24 of pair p's word."""
+    from harness.backends.triton_bitplace import _scatter_bits, word_codes
+
+    g = torch.Generator().manual_seed(0)
+    same = torch.arange(16, dtype=torch.uint8)[:, None].expand(16, 8)  # code v in all slots
+    rand = torch.randint(0, 16, (4096, 8), generator=g, dtype=torch.uint8)
+    codes = torch.cat([same, rand])
+    word = _scatter_bits(codes)
+    assert torch.equal(word_codes(word.to(torch.int32).view(torch.uint8).reshape(-1, 4)).view(-1, 8), codes)
+    placed = place_e2m1(codes).view(torch.int16).to(torch.int64) & 0xFFFF
+    for p, got in enumerate(_place_pairs(word)):
+        assert torch.equal(got & 0xFFFF, placed[:, p]), p
+        assert torch.equal(got >> 16, placed[:, p + 4]), p

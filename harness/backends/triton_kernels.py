@@ -279,12 +279,16 @@ def _weight_tile(w_ptr, ws_ptr, expert, wrow, k0, n_mask, N_ROWS, K,
 
 
 @_device
-def _place_pair(word, MAG_L: tl.constexpr, MAG_R: tl.constexpr, SIGN_L: tl.constexpr):
-    """Two E2M1 codes 16 bits apart in `word` (uint32), placed at once: magnitudes shifted (left MAG_L, then
-    right MAG_R) to bits 6..8 and 22..24, signs left by SIGN_L to bits 15 and 31: two 16-bit float bit patterns
-    (value x 2^-126 each) in one int32."""
-    pair = (((word << MAG_L) >> MAG_R) & 0x01C001C0) | ((word << SIGN_L) & 0x80008000)
-    return pair.to(tl.int32, bitcast=True)
+def _place_pairs(word):
+    """The four bf16x2 bit patterns (value x 2^-126 in each half: sign at bits 15 / 31, magnitude at 6..8 /
+    22..24) of the eight E2M1 codes in a stored word (uint32), whose bits triton_bitplace.CODE_BITS placed so
+    that pairs 0, 1, 2 need one shift and one AND each and pair 3 three of each: 11 integer operations."""
+    p0 = word & 0x81C081C0
+    p1 = (word << 3) & 0x81C081C0
+    p2 = (word << 6) & 0x81C081C0
+    p3 = ((word >> 4) & 0x00C000C0) | ((word >> 5) & 0x01000100) | ((word << 1) & 0x80008000)
+    return (p0.to(tl.int32, bitcast=True), p1.to(tl.int32, bitcast=True), p2.to(tl.int32, bitcast=True),
+            p3.to(tl.int32, bitcast=True))
 
 
 @_device
@@ -363,14 +367,9 @@ def _fp4_bitplace_tile(w_ptr, ws_ptr, expert, n0, ROW_MUL: tl.constexpr, ROW_ADD
             odd = _mul_bf16x2((((sw >> 8) & 0x007F007F) << 4) | (((sw >> 8) & 0x00800080) << 8), 0x7B807B80)
             fbits = tl.join(tl.join(even & 0xFFFF, odd & 0xFFFF), tl.join((even >> 16) & 0xFFFF, (odd >> 16) & 0xFFFF))
             fbits = tl.reshape(tl.permute(fbits, (0, 1, 2, 3, 4, 6, 5)), (8, 4, REPS, 2, 1, 8))  # block order
-    # nibble n = 4 i0 + 2 i2 + i1 of word 4t + q (low nibble first in each little-endian byte) -> its 16-bit float
-    # bits (sign -> bit 15, magnitude -> bits 6..8): nibbles n and n + 4 (columns c and c + 1) placed together
-    # into one 32-bit word, the bf16x2 register that the MMA takes
-    word = tl.reshape(word, (8, 4, REPS, 2, 4, 4))
-    p0 = _place_pair(word, 6, 0, 12)
-    p1 = _place_pair(word, 2, 0, 8)
-    p2 = _place_pair(word, 0, 2, 4)
-    p3 = _place_pair(word, 0, 6, 0)
+    # codes n = 4 i0 + p of word 4t + q -> their 16-bit float bits; codes p and p + 4 (columns c and c + 1) placed
+    # together into one 32-bit word, the bf16x2 register that the MMA takes
+    p0, p1, p2, p3 = _place_pairs(tl.reshape(word, (8, 4, REPS, 2, 4, 4)))
     # MX: every pair of word (t, q) is in block q; NVFP4: pairs n = 0, 1 in block 2q, pairs 2, 3 in block 2q + 1
     if W_KIND == 1:
         f01 = tl.broadcast_to(fbits, (8, 4, REPS, 2, 4, 4))
