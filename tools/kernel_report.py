@@ -21,7 +21,7 @@ from harness.bench.report import finish_tool  # noqa: E402
 from harness.bench import MODEL_SHAPES, capture, copy_bandwidth, device_checkpoint, median_ms, routed_inputs, weight_bytes  # noqa: E402
 
 VARIANTS = [("bf16", "triton_emulation"), ("w_mxfp4", "triton_emulation"), ("w_mxfp4", "triton_dot_scaled"),
-            ("w_nvfp4", "triton_emulation")]
+            ("w_nvfp4", "triton_emulation"), ("w_mxfp4", "triton_bitplace"), ("w_nvfp4", "triton_bitplace")]
 CLASSES = {  # SASS opcode prefix -> class
     "tensor": ("HGMMA", "HMMA", "WGMMA"), "global memory": ("LDG", "STG", "LDGSTS", "UTMALDG", "LDGDEPBAR"),
     "shared memory": ("LDS", "STS", "LDSM", "STSM"), "fp32 math": ("FMUL", "FFMA", "FADD", "FMNMX", "FSETP", "FSEL"),
