@@ -126,11 +126,16 @@ def mma_order_codes(packed: torch.Tensor) -> torch.Tensor:
         raise TypeError(f"packed must be uint8 [E, N, K / 2], got {packed.dtype} {tuple(packed.shape)}")
     e, n, half = packed.shape
     chunks = -(-2 * half // _CHUNK)
-    codes = torch.zeros(e, n, chunks * _CHUNK, dtype=torch.uint8, device=packed.device)
-    codes[..., :2 * half] = unpack_fp4(packed)
-    codes = codes.view(e, n, chunks, *_COLUMN_DIMS).permute(0, 1, 2, *(3 + d for d in _STORED_FROM_COLUMNS))
-    words = _scatter_bits(codes.reshape(e, n, chunks * _CHUNK // 8, 8))
-    return words.to(torch.int32).view(torch.uint8).reshape(e, n, chunks * _CHUNK // 2)
+    out = torch.empty(e, n, chunks * _CHUNK // 2, dtype=torch.uint8, device=packed.device)
+    step = max(1, (1 << 24) // max(1, n * chunks * _CHUNK))  # experts per pass: ~16M codes (int64 words: ~130 MB)
+    for e0 in range(0, e, step):
+        part = packed[e0:e0 + step]
+        codes = torch.zeros(part.shape[0], n, chunks * _CHUNK, dtype=torch.uint8, device=packed.device)
+        codes[..., :2 * half] = unpack_fp4(part)
+        codes = codes.view(-1, n, chunks, *_COLUMN_DIMS).permute(0, 1, 2, *(3 + d for d in _STORED_FROM_COLUMNS))
+        words = _scatter_bits(codes.reshape(-1, n, chunks * _CHUNK // 8, 8))
+        out[e0:e0 + step] = words.to(torch.int32).view(torch.uint8).reshape(-1, n, chunks * _CHUNK // 2)
+    return out
 
 
 def natural_order_codes(stored: torch.Tensor, k: int) -> torch.Tensor:
