@@ -33,3 +33,38 @@ def test_round_bf16_rounds_like_torch_and_keeps_every_nan_a_nan():
     assert bool(torch.isnan(out[:n_nan]).all()), out[:n_nan].view(torch.int32).tolist()
     expected = reference_round_bf16(x[n_nan:].double()).float()
     assert torch.equal(out[n_nan:].view(torch.int32), expected.view(torch.int32))
+
+
+def _routings():
+    """(name, topk_ids, num_experts): the shapes that decide the alignment's corner cases."""
+    g = torch.Generator().manual_seed(5)
+    yield "one token", torch.tensor([[3, 0, 7, 1]]), 8
+    yield "every pair to one expert", torch.full((37, 1), 5), 8
+    yield "idle experts and a run longer than a block", torch.tensor([[2, 6]] * 19 + [[6, 0]]), 8
+    yield "expert ids in reverse", torch.arange(7, -1, -1).reshape(2, 4), 8
+    yield "gpt-oss decode (128 experts, top 4)", torch.stack([torch.randperm(128, generator=g)[:4] for _ in range(64)]), 128
+    yield "kimi-k2 decode (384 experts, top 8)", torch.stack([torch.randperm(384, generator=g)[:8] for _ in range(128)]), 384
+    yield "odd expert count", torch.randint(0, 7, (33, 3), generator=g), 7
+
+
+def test_the_fused_alignment_equals_the_torch_one():
+    """moe_align_kernel (one program; the interpreter here, compiled on a GPU) against _align_torch, the dozen torch
+    ops it replaces: the same sorted rows (stable within an expert, sentinel-padded) and block experts, bit for
+    bit, at both block heights the tile tables use, up to the 1024 pairs where the fused path stops."""
+    from harness.backends.triton_emulation import FUSED_ALIGN_MAX_PAIRS, TritonEmulationBackend
+
+    backend = TritonEmulationBackend()
+    device = default_device()
+    if device != "cpu" and not K.INTERPRET:
+        import harness.backends.triton_emulation as te
+        if not te.FUSED_ALIGN_ON_GPU:
+            import pytest
+            pytest.skip("the fused alignment runs on a GPU only with MOE_CONFORMANCE_UNVERIFIED=1")
+    cases = list(_routings()) + [("the largest fused", torch.randint(0, 256, (FUSED_ALIGN_MAX_PAIRS // 8, 8),
+                                                                      generator=torch.Generator().manual_seed(6)), 256)]
+    for name, ids, experts in cases:
+        for bm in (16,) if name == "the largest fused" else (16, 64):
+            got = backend._align(ids.to(device), experts, bm)
+            want = backend._align_torch(ids, experts, bm)
+            assert torch.equal(got[0].cpu(), want[0]), (name, bm)
+            assert torch.equal(got[1].cpu(), want[1]), (name, bm)

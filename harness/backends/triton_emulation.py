@@ -8,6 +8,7 @@ kernels run under the Triton interpreter (small shapes, fp32 dots); on a GPU, co
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -72,6 +73,12 @@ class Prepared:
     a2_scale: torch.Tensor | None
     constexprs: dict = field(default_factory=dict)  # a subclass's kernel switches for this checkpoint
 
+
+# The routing glue in one Triton program up to this many pairs (moe_align_kernel, an O(P^2) rank count in
+# 16-pair chunks); on a GPU only with MOE_CONFORMANCE_UNVERIFIED=1 until an H200 run has passed with it
+# (the CPU suites run it under the interpreter and compare it with _align_torch).
+FUSED_ALIGN_MAX_PAIRS = 1024
+FUSED_ALIGN_ON_GPU = os.environ.get("MOE_CONFORMANCE_UNVERIFIED") == "1"
 
 TILE_KEYS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "w2_block_n", "maxnreg")
 # optional keys: w2_block_n (GEMM2's N tile where it differs from GEMM1's), maxnreg (a register cap per thread, so
@@ -289,10 +296,28 @@ class TritonEmulationBackend:
         return v, 2, s
 
     def _align(self, topk_ids, num_experts, bm: int):
-        """Pairs (token, k) sorted by expert, each expert's run padded to BLOCK_M with the sentinel P.
-        Sized for the worst case (sum over experts of ceil(count / BLOCK_M) <= ceil(P / BLOCK_M) +
-        min(E, P) blocks) so that nothing is read back to the host; unused blocks get expert -1 and
-        their programs return at once."""
+        """Pairs (token, k) sorted by expert, each expert's run padded to BLOCK_M with the sentinel P, and each
+        block's expert (-1 for unused blocks). Sized for the worst case (sum over experts of ceil(count /
+        BLOCK_M) <= ceil(P / BLOCK_M) + min(E, P) blocks) so that nothing is read back to the host. Up to
+        FUSED_ALIGN_MAX_PAIRS pairs one Triton program does it (moe_align_kernel: at decode the dozen torch
+        launches of _align_torch cost more than the GEMMs' weight streaming at one token); above, torch."""
+        flat = topk_ids.reshape(-1)
+        p = flat.numel()
+        if p > FUSED_ALIGN_MAX_PAIRS or not (K.INTERPRET or FUSED_ALIGN_ON_GPU):
+            return self._align_torch(topk_ids, num_experts, bm)
+        dev = flat.device
+        max_blocks = triton_cdiv(p, bm) + min(num_experts, p)
+        sorted_rows = torch.empty(max_blocks * bm, dtype=torch.int32, device=dev)
+        block_expert = torch.empty(max_blocks, dtype=torch.int32, device=dev)
+        block_e = triton.next_power_of_2(num_experts)
+        scratch = torch.empty(block_e, dtype=torch.int32, device=dev)
+        K.moe_align_kernel[(1,)](flat.contiguous(), scratch, sorted_rows, block_expert, p, max_blocks, BLOCK_M=bm,
+                                 BLOCK_P=max(16, triton.next_power_of_2(p)), BLOCK_E=block_e, CHUNK=16, num_warps=4)
+        return sorted_rows, block_expert
+
+    @staticmethod
+    def _align_torch(topk_ids, num_experts, bm: int):
+        """_align in torch ops (any number of pairs; the oracle of moe_align_kernel in suites/test_triton_helpers.py)."""
         flat = topk_ids.reshape(-1).long()
         p = flat.numel()
         dev = flat.device

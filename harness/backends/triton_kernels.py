@@ -665,6 +665,40 @@ def moe_gemm_kernel(
 
 
 @triton.jit
+def moe_align_kernel(ids_ptr, start_ptr, sorted_rows_ptr, block_expert_ptr, n_pairs, max_blocks,
+                     BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK: tl.constexpr):
+    """The routing glue of the fused MoE in one program, for at most BLOCK_P pairs (decode): pairs (token, k) in
+    expert order, stable, each expert's run padded to whole blocks of BLOCK_M with the sentinel n_pairs
+    (sorted_rows, max_blocks x BLOCK_M), and the expert of each block, -1 past the used ones (block_expert).
+    The same two arrays as the dozen torch ops of TritonEmulationBackend._align_torch, in one launch.
+    start_ptr: BLOCK_E int32 of scratch (each expert's first block, gathered back by expert id)."""
+    p = tl.arange(0, BLOCK_P)
+    pmask = p < n_pairs
+    ids = tl.load(ids_ptr + p, mask=pmask, other=0).to(tl.int32)
+    blocks = (tl.histogram(ids, BLOCK_E, mask=pmask) + BLOCK_M - 1) // BLOCK_M
+    block_end = tl.cumsum(blocks, 0)
+    total = tl.sum(blocks, 0)
+    tl.store(start_ptr + tl.arange(0, BLOCK_E), block_end - blocks)
+    for s0 in range(0, max_blocks * BLOCK_M, CHUNK):
+        s = s0 + tl.arange(0, CHUNK)
+        tl.store(sorted_rows_ptr + s, tl.zeros((CHUNK,), tl.int32) + n_pairs, mask=s < max_blocks * BLOCK_M)
+    # block b belongs to the number of experts whose blocks end at or before it
+    for b0 in range(0, max_blocks, CHUNK):
+        b = b0 + tl.arange(0, CHUNK)
+        owner = tl.sum((block_end[None, :] <= b[:, None]).to(tl.int32), 1)
+        tl.store(block_expert_ptr + b, tl.where(b < total, owner, -1), mask=b < max_blocks)
+    tl.debug_barrier()  # the sentinels and the scratch before the pairs' slots (one program)
+    # a pair's slot: its expert's first block x BLOCK_M + the number of earlier pairs of that expert
+    rank = tl.zeros((BLOCK_P,), tl.int32)
+    for q0 in range(0, BLOCK_P, CHUNK):
+        q = q0 + tl.arange(0, CHUNK)
+        idq = tl.load(ids_ptr + q, mask=q < n_pairs, other=-1).to(tl.int32)
+        rank += tl.sum(((idq[None, :] == ids[:, None]) & (q[None, :] < p[:, None])).to(tl.int32), 1)
+    first = tl.load(start_ptr + ids, mask=pmask, other=0)
+    tl.store(sorted_rows_ptr + first * BLOCK_M + rank, p, mask=pmask)
+
+
+@triton.jit
 def topk_reduce_kernel(z_ptr, w_ptr, out_ptr, H, TOP_K: tl.constexpr, BLOCK_H: tl.constexpr):
     """out[t] = bf16(sum_j w[t, j] * z[t * TOP_K + j]) in fp32, j in order: deterministic, no atomics."""
     t = tl.program_id(0).to(tl.int64)
