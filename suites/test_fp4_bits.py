@@ -148,8 +148,8 @@ def test_each_thread_group_finds_its_wgmma_columns_in_16_contiguous_bytes():
         assert word0 == [2 * t, 2 * t + 8, 2 * t + 16, 2 * t + 24, 2 * t + 1, 2 * t + 9, 2 * t + 17, 2 * t + 25]
 
 
-@pytest.mark.parametrize("tiles", [{}, dict(block_n=128, w2_block_n=128), dict(block_n=64, w2_block_n=128)],
-                         ids=["default", "two_reps", "w2_two_reps"])
+@pytest.mark.parametrize("tiles", [{}, dict(block_n=128, w2_block_n=128), dict(block_n=64, w2_block_n=128),
+                                   dict(block_n=64, k_split=2)], ids=["default", "two_reps", "w2_two_reps", "k_split"])
 @pytest.mark.parametrize("scheme", ["w_mxfp4", "w_nvfp4"])
 def test_the_bitplace_kernel_reads_k_tails(scheme, tiles):
     """K not a multiple of the 128-wide K step, nor of a word of scales (H = 160: 5 MX blocks, I = 96: 3), N not a

@@ -95,10 +95,10 @@ def compile_sm90(args: tuple, kwargs: dict):
             signature[name] = "i32"
         else:
             signature[name] = "fp32"
-    for name in names[len(args):]:
-        if name in kwargs:
-            signature[name] = "constexpr"
-            constexprs[name] = kwargs[name]
+    for param in fn.params[len(args):]:  # constexprs: the launch's, else the kernel's defaults
+        if param.name in kwargs or param.has_default:
+            signature[param.name] = "constexpr"
+            constexprs[param.name] = kwargs.get(param.name, param.default)
     # the specialisation a launch makes: 16-byte aligned pointers and integers divisible by 16 are marked so,
     # which is what lets the compiler vectorise loads (without it every load is counted one element wide)
     aligned = {(i,): [["tt.divisibility", 16]] for i, value in enumerate(args)

@@ -80,9 +80,10 @@ class Prepared:
 FUSED_ALIGN_MAX_PAIRS = 1024
 FUSED_ALIGN_ON_GPU = os.environ.get("MOE_CONFORMANCE_UNVERIFIED") == "1"
 
-TILE_KEYS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "w2_block_n", "maxnreg")
+TILE_KEYS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "w2_block_n", "maxnreg", "k_split")
 # optional keys: w2_block_n (GEMM2's N tile where it differs from GEMM1's), maxnreg (a register cap per thread, so
-# that more programs fit on a multiprocessor; 0 = the compiler's choice)
+# that more programs fit on a multiprocessor; 0 = the compiler's choice), k_split (triton_bitplace: MMA steps per
+# 128-value chunk, 1 or 2; 2 holds half the decoded tile in registers)
 # (max pairs, weight kinds or None for any, tiles), first match wins. Decode rows from the H200 sweep
 # of tools/tune_moe.py --quick (results/gpu-issue8/tune.json); prefill rows from its prefill sweep.
 TILE_TABLE = (
@@ -352,6 +353,8 @@ class TritonEmulationBackend:
         block_n = tiles.get(f"{which}_block_n") or tiles["block_n"]
         grid = (block_expert.numel(), triton_cdiv(n_out, block_n))
         launch_options = {"maxnreg": tiles["maxnreg"]} if tiles.get("maxnreg") else {}
+        if tiles.get("k_split"):
+            launch_options["BITPLACE_SPLIT"] = tiles["k_split"]
         self.last_compiled[which] = K.moe_gemm_kernel[grid](
             a, a_scale if a_mode else dummy, w, ws if ws is not None else dummy,
             block_scale if block_scale is not None else dummy, expert_scale if expert_scale is not None else dummy,

@@ -320,8 +320,10 @@ def _to_mma_order(x, REPS: tl.constexpr, INNER: tl.constexpr):
 
 @_device
 def _fp4_bitplace_tile(w_ptr, ws_ptr, expert, n0, ROW_MUL: tl.constexpr, ROW_ADD, n_limit, ci, N_ROWS, K,
-                       W_KIND: tl.constexpr, REPS: tl.constexpr, INTERPRET_DOT: tl.constexpr):
-    """[64 * REPS, 128] FP4 weights of rows ROW_MUL * n + ROW_ADD (n = n0 .. n0 + 64 REPS - 1), chunk ci of K,
+                       W_KIND: tl.constexpr, REPS: tl.constexpr, INTERPRET_DOT: tl.constexpr, QW: tl.constexpr = 4,
+                       QH: tl.constexpr = 0):
+    """[64 * REPS, 32 QW] FP4 weights of rows ROW_MUL * n + ROW_ADD (n = n0 .. n0 + 64 REPS - 1), chunk ci of K
+    (QW = 4), or its columns [32 QW QH, 32 QW (QH + 1)) (QW = 2: words 4t + 2 QH, +1 of each thread-group),
     by bit placement (harness/backends/fp4_bits.py, checked exhaustively), from the layout that
     triton_bitplace.mma_order_codes wrote: in each 128-value chunk of a row, thread-group t's 32 codes (columns
     16j + 2t + {0, 1, 8, 9}, the wgmma register operand's) are words 4t..4t+3, so one 16-byte load per row and
@@ -341,7 +343,12 @@ def _fp4_bitplace_tile(w_ptr, ws_ptr, expert, n0, ROW_MUL: tl.constexpr, ROW_ADD
     chunks = (K + 127) // 128  # rows padded to whole 128-value chunks by prepare()
     w32 = w_ptr.to(tl.pointer_type(tl.int32))
     wbase = e64 * N_ROWS * (chunks * 16) + row * (chunks * 16) + ci * 16
-    word = tl.load(w32 + wbase[:, :, :, :, None] + tl.arange(0, 16)[None, None, None, None, :],
+    if QW == 4:
+        woffs = tl.arange(0, 16)
+    else:
+        widx = tl.arange(0, 4 * QW)
+        woffs = 4 * (widx // QW) + QW * QH + widx % QW  # thread-group t's words 4t + QW QH ..
+    word = tl.load(w32 + wbase[:, :, :, :, None] + woffs[None, None, None, None, :],
                    mask=rmask[:, :, :, :, None], other=0).to(tl.uint32, bitcast=True)
     # block scales: 4 (MX, 32 values) or 8 (NVFP4, 16 values) bytes per chunk and row, in whole words, loaded
     # in the rows' order of the codes (no layout conversion)
@@ -351,13 +358,18 @@ def _fp4_bitplace_tile(w_ptr, ws_ptr, expert, n0, ROW_MUL: tl.constexpr, ROW_ADD
     # the factor of each block as bf16 bits (int32): MX 2^(s - 1), the stored exponent field s + 126 placed at
     # bit 7; NVFP4 the E4M3 value (placed: value x 2^-120, then x 2^120, exact)
     if W_KIND == 1:
-        sbytes = tl.reshape(_bytes_of_words(tl.load(s32 + sbase, mask=rmask, other=0)), (8, 4, REPS, 2, 1, 4))
+        sword = tl.load(s32 + sbase, mask=rmask, other=0) >> (8 * QW * QH)  # this part's blocks in the low bytes
+        if QW == 4:
+            sbytes = tl.reshape(_bytes_of_words(sword), (8, 4, REPS, 2, 1, 4))
+        else:
+            sbytes = tl.reshape(tl.join(sword & 0xFF, (sword >> 8) & 0xFF), (8, 4, REPS, 2, 1, 2))
         fbits = sbytes << 7
     else:
-        sw = tl.load(s32 + sbase[:, :, :, :, None] + tl.arange(0, 2)[None, None, None, None, :],
+        SWP: tl.constexpr = QW // 2  # scale words of this part
+        sw = tl.load(s32 + sbase[:, :, :, :, None] + SWP * QH + tl.arange(0, SWP)[None, None, None, None, :],
                      mask=rmask[:, :, :, :, None], other=0)
         if INTERPRET_DOT:
-            sbytes = tl.reshape(_bytes_of_words(sw), (8, 4, REPS, 2, 1, 8))
+            sbytes = tl.reshape(_bytes_of_words(sw), (8, 4, REPS, 2, 1, 4 * SWP))
             e4m3 = ((((sbytes & 0x7F) << 4) | ((sbytes & 0x80) << 8)) << 16).to(tl.float32, bitcast=True)
             fbits = ((e4m3 * 1.329227995784916e36).to(tl.uint32, bitcast=True) >> 16).to(tl.int32)
         else:
@@ -366,18 +378,18 @@ def _fp4_bitplace_tile(w_ptr, ws_ptr, expert, n0, ROW_MUL: tl.constexpr, ROW_ADD
             even = _mul_bf16x2(((sw & 0x007F007F) << 4) | ((sw & 0x00800080) << 8), 0x7B807B80)
             odd = _mul_bf16x2((((sw >> 8) & 0x007F007F) << 4) | (((sw >> 8) & 0x00800080) << 8), 0x7B807B80)
             fbits = tl.join(tl.join(even & 0xFFFF, odd & 0xFFFF), tl.join((even >> 16) & 0xFFFF, (odd >> 16) & 0xFFFF))
-            fbits = tl.reshape(tl.permute(fbits, (0, 1, 2, 3, 4, 6, 5)), (8, 4, REPS, 2, 1, 8))  # block order
+            fbits = tl.reshape(tl.permute(fbits, (0, 1, 2, 3, 4, 6, 5)), (8, 4, REPS, 2, 1, 4 * SWP))  # block order
     # codes n = 4 i0 + p of word 4t + q -> their 16-bit float bits; codes p and p + 4 (columns c and c + 1) placed
     # together into one 32-bit word, the bf16x2 register that the MMA takes
-    p0, p1, p2, p3 = _place_pairs(tl.reshape(word, (8, 4, REPS, 2, 4, 4)))
+    p0, p1, p2, p3 = _place_pairs(tl.reshape(word, (8, 4, REPS, 2, 4, QW)))
     # MX: every pair of word (t, q) is in block q; NVFP4: pairs n = 0, 1 in block 2q, pairs 2, 3 in block 2q + 1
     if W_KIND == 1:
-        f01 = tl.broadcast_to(fbits, (8, 4, REPS, 2, 4, 4))
+        f01 = tl.broadcast_to(fbits, (8, 4, REPS, 2, 4, QW))
         f23 = f01
     else:
-        f01, f23 = tl.split(tl.reshape(fbits, (8, 4, REPS, 2, 1, 4, 2)))
-        f01 = tl.broadcast_to(f01, (8, 4, REPS, 2, 4, 4))
-        f23 = tl.broadcast_to(f23, (8, 4, REPS, 2, 4, 4))
+        f01, f23 = tl.split(tl.reshape(fbits, (8, 4, REPS, 2, 1, QW, 2)))
+        f01 = tl.broadcast_to(f01, (8, 4, REPS, 2, 4, QW))
+        f23 = tl.broadcast_to(f23, (8, 4, REPS, 2, 4, QW))
     if INTERPRET_DOT:
         # the fp32 twin: each 16-bit pattern 16 bits up is the same value; the same exact products
         lo0, hi0 = _scaled_halves_f32(p0, f01, W_KIND)
@@ -393,8 +405,8 @@ def _fp4_bitplace_tile(w_ptr, ws_ptr, expert, n0, ROW_MUL: tl.constexpr, ROW_ADD
     w = tl.join(tl.join(tl.join(lo0, lo2), tl.join(lo1, lo3)), tl.join(tl.join(hi0, hi2), tl.join(hi1, hi3)))
     # [.., 4 t, 4 q, 8 (i2, i1, i0)] -> columns 32q + 16 i2 + 8 i1 + 2t + i0 (the stored order's inverse):
     # (t, q i2 i1, i0) -> (q i2 i1, t, i0), then the rows in order: register relabels
-    w = tl.permute(tl.reshape(w, (8, 4, REPS, 2, 4, 16, 2)), (0, 1, 2, 3, 5, 4, 6))
-    return _to_mma_order(tl.reshape(w, (8, 4, REPS, 2, 128)), REPS, 128)
+    w = tl.permute(tl.reshape(w, (8, 4, REPS, 2, 4, 4 * QW, 2)), (0, 1, 2, 3, 5, 4, 6))
+    return _to_mma_order(tl.reshape(w, (8, 4, REPS, 2, 32 * QW)), REPS, 32 * QW)
 
 
 @_device
@@ -571,7 +583,7 @@ def moe_gemm_kernel(
     GATED: tl.constexpr, INTERLEAVED: tl.constexpr, ACT: tl.constexpr, APPLY_ACT: tl.constexpr,
     HAS_LIMIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     INTERPRET_DOT: tl.constexpr, DOT_SCALED: tl.constexpr = False, DS_FMT: tl.constexpr = "e2m1",
-    BITPLACE: tl.constexpr = False,
+    BITPLACE: tl.constexpr = False, BITPLACE_SPLIT: tl.constexpr = 1,
 ):
     """out[pair, n] for BLOCK_M pairs of one expert (rows of a: pair // a_row_div) x BLOCK_N outputs.
 
@@ -619,21 +631,22 @@ def moe_gemm_kernel(
             u_add = 0
         acc_gt = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         acc_ut = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        QW: tl.constexpr = 4 // BITPLACE_SPLIT  # words per thread-group and row in one MMA step
         for ci in range(0, (K + 127) // 128):  # by chunk index: offsets ci x 16 words are known multiples of 16
-            k0 = ci * 128
-            k_offs = k0 + tl.arange(0, 128)
-            # bf16 straight into the dot when compiled (a load the pipeliner streams into shared memory)
-            a = tl.load(a_ptr + a_row[:, None] * K + k_offs[None, :], mask=m_mask[:, None] & (k_offs < K)[None, :],
-                        other=0.0)
-            if INTERPRET_DOT:
-                a = bf16_to_f32(a)
-            wg = _fp4_bitplace_tile(w_ptr, ws_ptr, expert, n0, G_MUL, g_add, N_OUT, ci, N_ROWS, K, W_KIND, REPS,
-                                    INTERPRET_DOT)
-            acc_gt += _dot_weights_first(wg, a, INTERPRET_DOT)
-            if GATED:
-                wu = _fp4_bitplace_tile(w_ptr, ws_ptr, expert, n0, G_MUL, u_add, N_OUT, ci, N_ROWS, K, W_KIND, REPS,
-                                        INTERPRET_DOT)
-                acc_ut += _dot_weights_first(wu, a, INTERPRET_DOT)
+            for qh in tl.static_range(BITPLACE_SPLIT):
+                k_offs = ci * 128 + qh * 32 * QW + tl.arange(0, 32 * QW)
+                # bf16 straight into the dot when compiled (a load the pipeliner streams into shared memory)
+                a = tl.load(a_ptr + a_row[:, None] * K + k_offs[None, :],
+                            mask=m_mask[:, None] & (k_offs < K)[None, :], other=0.0)
+                if INTERPRET_DOT:
+                    a = bf16_to_f32(a)
+                wg = _fp4_bitplace_tile(w_ptr, ws_ptr, expert, n0, G_MUL, g_add, N_OUT, ci, N_ROWS, K, W_KIND, REPS,
+                                        INTERPRET_DOT, QW, qh)
+                acc_gt += _dot_weights_first(wg, a, INTERPRET_DOT)
+                if GATED:
+                    wu = _fp4_bitplace_tile(w_ptr, ws_ptr, expert, n0, G_MUL, u_add, N_OUT, ci, N_ROWS, K, W_KIND,
+                                            REPS, INTERPRET_DOT, QW, qh)
+                    acc_ut += _dot_weights_first(wu, a, INTERPRET_DOT)
         acc_g = tl.trans(acc_gt)
         acc_u = tl.trans(acc_ut) if GATED else acc_g
     else:
