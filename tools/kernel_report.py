@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from harness.backends import load_backend  # noqa: E402
+from harness.bench.diagnosis import occupancy  # noqa: E402
 from harness.bench.report import finish_tool  # noqa: E402
 from harness.bench import MODEL_SHAPES, capture, copy_bandwidth, device_checkpoint, median_ms, routed_inputs, weight_bytes  # noqa: E402
 
@@ -71,7 +72,6 @@ def ptx_mix(ptx: str) -> dict:
 def main() -> int:
     shape = MODEL_SHAPES["gpt-oss-120b"]
     bw = copy_bandwidth()
-    props = torch.cuda.get_device_properties(0)
     rows = []
     for scheme, name in VARIANTS:
         ckpt = device_checkpoint(shape, scheme, "cuda")
@@ -90,12 +90,10 @@ def main() -> int:
         regs, spills, smem = k.n_regs, k.n_spills, k.metadata.shared
         wq = ckpt.scheme.weight
         tiles = backend.tile_config(64 * shape.top_k, None if wq is None else wq.kind)
-        warps = tiles["num_warps"]
-        by_regs = 65536 // max(1, regs * 32 * warps)
-        by_smem = (props.shared_memory_per_multiprocessor // smem) if smem else 32
-        blocks = min(by_regs, by_smem, 32, 64 // warps)
+        occ = occupancy(regs, smem, tiles["num_warps"])
         row = dict(scheme=scheme, backend=name, us=ms * 1e3, pct_copy=100 * weight_bytes(ckpt, ids) / (ms / 1e3) / bw,
-                   regs=regs, spills=spills, shared_bytes=smem, blocks_per_sm=blocks, warps_per_sm=blocks * warps,
+                   regs=regs, spills=spills, shared_bytes=smem, blocks_per_sm=occ["programs_per_sm"],
+                   warps_per_sm=occ["warps_per_sm"], occupancy_limited_by=occ["limited_by"],
                    sass=sass_mix(sass), sass_head=sass[:300], ptx=ptx_mix(k.asm["ptx"]),
                    tile=tiles)
         rows.append(row)

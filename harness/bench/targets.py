@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from .diagnosis import describe
+
 __all__ = ["Target", "TARGETS", "evaluate_targets", "format_targets", "BASELINE"]
 
 BASELINE = "dequantize_all"
@@ -21,28 +23,30 @@ def _best(rows, model, scheme, tokens, backend: str | None = None):
 
 
 # metrics: (rows, model, scheme, tokens) -> (value, case words) or None where the run lacks the rows
+# (value, case words, the candidate's row: what diagnosis.describe reads for a miss)
 def _pct_copy(rows, model, scheme, t):
     b = _best(rows, model, scheme, t)
-    return (b["pct_copy"], f"{model} T={t} ({b['backend']})") if b else None
+    return (b["pct_copy"], f"{model} T={t} ({b['backend']})", b) if b else None
 
 
 def _pct_dense(rows, model, scheme, t):
     b = _best(rows, model, scheme, t)
-    return (b["pct_dense"], f"{model} {scheme} ({b['backend']})") if b else None
+    return (b["pct_dense"], f"{model} {scheme} ({b['backend']})", b) if b else None
 
 
 def _faster_than(baseline_scheme: str | None, baseline_backend: str | None):
     def metric(rows, model, scheme, t):
         b = _best(rows, model, scheme, t)
         base = _best(rows, model, baseline_scheme or scheme, t, baseline_backend)
-        return (base["us"] / b["us"], f"{model} {scheme} T={t} ({b['backend']})") if b and base else None
+        return (base["us"] / b["us"], f"{model} {scheme} T={t} ({b['backend']})", b) if b and base else None
 
     return metric
 
 
 def _time_vs_mxfp4(rows, model, scheme, t):
     nv, mx = _best(rows, model, scheme, t), _best(rows, model, "w_mxfp4", t)
-    return (nv["us"] / mx["us"], f"{model} {scheme} T={t} ({nv['backend']} vs {mx['backend']})") if nv and mx else None
+    return (nv["us"] / mx["us"], f"{model} {scheme} T={t} ({nv['backend']} vs {mx['backend']})", nv) if nv and mx \
+        else None
 
 
 @dataclass(frozen=True)
@@ -83,16 +87,17 @@ def evaluate_targets(rows: list[dict], anchors: dict, targets: tuple[Target, ...
                 for t in target.tokens:
                     found = target.metric(rows, model, scheme, t)
                     if found:
-                        value, case = found
-                        out.append(dict(target=target.name, case=case, value=value, goal=target.goal,
-                                        met=target.met(value), unit=target.unit, at_most=target.at_most))
+                        value, case, row = found
+                        met = target.met(value)
+                        out.append(dict(target=target.name, case=case, value=value, goal=target.goal, met=met,
+                                        unit=target.unit, at_most=target.at_most, why="" if met else describe(row)))
     return out
 
 
 def format_targets(targets: list[dict]) -> str:
-    lines = ["| target | case | measured | goal | met |", "|---|---|---|---|---|"]
+    lines = ["| target | case | measured | goal | met | measured besides, for a miss |", "|---|---|---|---|---|---|"]
     for t in targets:
         goal = f"{'<=' if t['at_most'] else '>='} {t['goal']}"
         lines.append(f"| {t['target']} | {t['case']} | {t['value']:.3g}{t['unit']} | {goal}{t['unit']} | "
-                     f"{'yes' if t['met'] else '**no**'} |")
+                     f"{'yes' if t['met'] else '**no**'} | {t.get('why', '')} |")
     return "\n".join(lines) + "\n"

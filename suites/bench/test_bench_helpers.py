@@ -66,3 +66,32 @@ def test_device_checkpoints_hold_valid_finite_codes_of_their_scheme(scheme):
     check_checkpoint(ckpt)
     for w in (ckpt.w13, ckpt.w2):
         assert bool(torch.isfinite(dequantize_weight(w, ckpt.scheme.weight, ckpt)).all())
+
+
+def test_occupancy_is_the_tightest_budget_as_nsight_compute_counted_it():
+    """harness.bench.diagnosis.occupancy against the H200's Nsight Compute report of triton_bitplace's GEMM1
+    (results/gpu-issue15-bitplace/run-ae6f326/ncu.txt: 125 registers, 42.5 KB of shared memory, 4 warps ->
+    'Block Limit Registers 4') and GEMM2 (84 registers -> 5), and a shared-memory-bound bf16 tile."""
+    from harness.bench.diagnosis import occupancy
+
+    assert occupancy(125, 42496, 4) == dict(programs_per_sm=4, warps_per_sm=16, limited_by="registers")
+    assert occupancy(84, 42496, 4)["programs_per_sm"] == 5
+    assert occupancy(72, 61440, 4) == dict(programs_per_sm=3, warps_per_sm=12, limited_by="shared_memory")
+    assert occupancy(16, 0, 32) == dict(programs_per_sm=2, warps_per_sm=64, limited_by="warps")
+
+
+def test_a_missed_target_says_what_else_its_row_measured():
+    """targets.md's last column: for a miss, the candidate row's kernel times, occupancy and bytes; for a hit,
+    nothing; a failed diagnosis is said, not hidden."""
+    gemm1 = dict(regs=125, shared_kb=41.5, programs_per_sm=4, limited_by="registers", waves=2.9)
+    row = dict(model="gpt-oss-120b", scheme="w_mxfp4", tokens=8, backend="triton_bitplace", us=230.0, pct_copy=34.0,
+               pct_dense=0.9, weight_bytes=331e6, gemm_kernels_us=154.0, other_kernels_us=40.0, gemm1=gemm1)
+    fast = dict(row, tokens=64, pct_copy=80.0, us=700.0)
+    broken = dict(row, tokens=1, pct_copy=10.0, diagnosis_error="RuntimeError: no profiler")
+    t = {x["case"]: x for x in evaluate_targets([row, fast, broken], {}) if x["target"].startswith("MXFP4 W4A16")}
+    miss = t["gpt-oss-120b T=8 (triton_bitplace)"]
+    assert not miss["met"] and "GEMM kernels 154 us + other kernels 40 us of 230 us" in miss["why"]
+    assert "125 regs" in miss["why"] and "4 programs/SM (registers)" in miss["why"] and "331 MB" in miss["why"]
+    assert t["gpt-oss-120b T=64 (triton_bitplace)"]["why"] == ""
+    assert "diagnosis failed: RuntimeError: no profiler" in t["gpt-oss-120b T=1 (triton_bitplace)"]["why"]
+    assert "| 125 regs" not in format_targets([miss]) and "GEMM1 125 regs" in format_targets([miss])

@@ -18,6 +18,7 @@ from harness.backends import Problem, load_backend
 from harness.bench import (CPU_SHAPE, MODEL_SHAPES, TOKENS, capture, device_checkpoint,
                            flush_l2, io_bytes, median_ms, moe_flops, routed_inputs, weight_bytes)
 from harness.backends import backend_structure
+from harness.bench.diagnosis import kernel_facts, kernel_time_split
 from harness.core.conformance import Shape, backend_shape, compare_backend, reference_run
 from harness.platforms import detect_platform, has_gpu
 from reference.activations import activation_by_name
@@ -78,6 +79,27 @@ def _device_checkpoint(shape_name: str, scheme: str):
     return _CKPT[(shape_name, scheme)]
 
 
+def _diagnose(backend, prep, inputs, shape, row: dict) -> None:
+    """What the case measured besides its time (harness/bench/diagnosis.py), into the row: the device time of
+    the GEMM kernels and of the rest in one eager forward, and for the Triton backends GEMM1's registers, shared
+    memory, occupancy and waves. Auxiliary: a failure here is recorded in the row, never fails the case."""
+    x, w, ids = inputs
+    try:
+        call = getattr(backend, "launch", None) or backend.forward
+        row.update(kernel_time_split(lambda: call(prep, x, w, ids)))
+        compiled = getattr(backend, "last_compiled", {}).get("w13")
+        if compiled is not None:
+            wq = prep.ckpt.scheme.weight
+            tiles = backend.tile_config(ids.numel(), None if wq is None else wq.kind)
+            counts = torch.bincount(ids.flatten(), minlength=shape.num_experts)
+            used_blocks = int(((counts + tiles["block_m"] - 1) // tiles["block_m"]).sum())
+            n_tiles = -(-shape.intermediate_size // tiles["block_n"])
+            row["gemm1"] = kernel_facts(compiled, used_blocks * n_tiles,
+                                        torch.cuda.get_device_properties(0).multi_processor_count)
+    except Exception as exc:  # noqa: BLE001 - a diagnosis must not hide the measurement
+        row["diagnosis_error"] = f"{type(exc).__name__}: {exc}"[:200]
+
+
 @pytest.mark.parametrize("case", list(_cases()))
 def test_moe_forward(case, benchmark, bench_rows):
     shape, scheme, tokens, name = case
@@ -119,5 +141,6 @@ def test_moe_forward(case, benchmark, bench_rows):
                tb_s=nbytes / (ms / 1e3) / 1e12, tflops=flops / (ms / 1e3) / 1e12)
     row["pct_copy"] = 100 * row["tb_s"] / a["copy_tb_s"]
     row["pct_dense"] = 100 * row["tflops"] / a["dense_bf16_tflops"]
+    _diagnose(backend, prep, (x, w, ids), shape, row)
     benchmark.extra_info.update(row)
     bench_rows.append(row)
