@@ -149,12 +149,14 @@ def test_each_thread_group_finds_its_wgmma_columns_in_16_contiguous_bytes():
 
 
 @pytest.mark.parametrize("tiles", [{}, dict(block_n=128, w2_block_n=128), dict(block_n=64, w2_block_n=128),
-                                   dict(block_n=64, k_split=2)], ids=["default", "two_reps", "w2_two_reps", "k_split"])
+                                   dict(block_n=64, k_split=2), dict(block_n=64, split_k=2), dict(block_n=128, split_k=3)],
+                         ids=["default", "two_reps", "w2_two_reps", "k_split", "split_k", "split_k_empty_splits"])
 @pytest.mark.parametrize("scheme", ["w_mxfp4", "w_nvfp4"])
 def test_the_bitplace_kernel_reads_k_tails(scheme, tiles):
     """K not a multiple of the 128-wide K step, nor of a word of scales (H = 160: 5 MX blocks, I = 96: 3), N not a
     multiple of the tile: the kernel's padded chunks, masked rows and scale words against the reference (CPU: the
-    fp32 twin), with one and two 64-row repeats per tile."""
+    fp32 twin), with one and two 64-row repeats per tile, two MMA steps per chunk, and split-K (partial sums
+    added by splitk_epilogue_kernel; 3 splits of 2 chunks leave one empty)."""
     from harness.backends.triton_bitplace import TritonBitplaceBackend
     from harness.core.conformance import Shape, backend_shape, compare_backend, reference_run
     from harness.backends import backend_structure

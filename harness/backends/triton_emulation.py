@@ -80,10 +80,13 @@ class Prepared:
 FUSED_ALIGN_MAX_PAIRS = 1024
 FUSED_ALIGN_ON_GPU = os.environ.get("MOE_CONFORMANCE_UNVERIFIED") == "1"
 
-TILE_KEYS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "w2_block_n", "maxnreg", "k_split")
+TILE_KEYS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "w2_block_n", "maxnreg", "k_split",
+             "split_k")
 # optional keys: w2_block_n (GEMM2's N tile where it differs from GEMM1's), maxnreg (a register cap per thread, so
 # that more programs fit on a multiprocessor; 0 = the compiler's choice), k_split (triton_bitplace: MMA steps per
-# 128-value chunk, 1 or 2; 2 holds half the decoded tile in registers)
+# 128-value chunk, 1 or 2; 2 holds half the decoded tile in registers), split_k (triton_bitplace: the K chunks
+# shared among this many programs per tile, fp32 partial sums added in order by splitk_epilogue_kernel: more
+# programs when few tokens leave SMs idle)
 # (max pairs, weight kinds or None for any, tiles), first match wins. Decode rows from the H200 sweep
 # of tools/tune_moe.py --quick (results/gpu-issue8/tune.json); prefill rows from its prefill sweep.
 TILE_TABLE = (
@@ -179,11 +182,11 @@ class TritonEmulationBackend:
         aq, fp8_fmt = ckpt.scheme.act, ckpt.fp8_format
         a1, a1_mode, a1_scale = self._quantize_activation(x, prepared.a1_scale, aq, fp8_fmt)
         y = torch.empty(p, isz, dtype=torch.bfloat16, device=dev)
-        self._gemm(prepared, "w13", a1, a1_mode, a1_scale, y, sorted_rows, block_expert, p, a_row_div=k,
+        self._gemm(prepared, "w13", a1, a1_mode, a1_scale, y, sorted_rows, block_expert, topk_ids, a_row_div=k,
                    n_out=isz, k_dim=h, apply_act=True, tiles=tiles)
         a2, a2_mode, a2_scale = self._quantize_activation(y, prepared.a2_scale, aq, fp8_fmt)
         z = torch.empty(p, h, dtype=torch.bfloat16, device=dev)
-        self._gemm(prepared, "w2", a2, a2_mode, a2_scale, z, sorted_rows, block_expert, p, a_row_div=1,
+        self._gemm(prepared, "w2", a2, a2_mode, a2_scale, z, sorted_rows, block_expert, topk_ids, a_row_div=1,
                    n_out=h, k_dim=isz, apply_act=False, tiles=tiles)
         out = torch.empty(t, h, dtype=torch.bfloat16, device=dev)
         bh = 128
@@ -337,7 +340,7 @@ class TritonEmulationBackend:
         block_expert = torch.where(b < block_end[-1], block_expert, -1)
         return sorted_rows, block_expert
 
-    def _gemm(self, prep: Prepared, which: str, a, a_mode, a_scale, out, sorted_rows, block_expert, n_pairs,
+    def _gemm(self, prep: Prepared, which: str, a, a_mode, a_scale, out, sorted_rows, block_expert, topk_ids,
               a_row_div, n_out, k_dim, apply_act, tiles):
         ckpt = prep.ckpt
         wq = ckpt.scheme.weight
@@ -348,28 +351,42 @@ class TritonEmulationBackend:
         block_scale = getattr(prep, f"{which}_block_scale")
         bias = prep.b13 if which == "w13" else prep.b2
         n_rows = (2 * n_out if act.gated else n_out) if which == "w13" else n_out
+        n_pairs = topk_ids.numel()
         elem = None if wq is None else wq.kind.code_format(wq, ckpt.fp8_format)
         dummy = out
         block_n = tiles.get(f"{which}_block_n") or tiles["block_n"]
-        grid = (block_expert.numel(), triton_cdiv(n_out, block_n))
         launch_options = {"maxnreg": tiles["maxnreg"]} if tiles.get("maxnreg") else {}
         if tiles.get("k_split"):
             launch_options["BITPLACE_SPLIT"] = tiles["k_split"]
+        # split-K (the bit-placement loop only): fp32 partial sums of each K range, then one epilogue kernel
+        split_k = tiles.get("split_k") or 1 if prep.constexprs.get("BITPLACE") else 1
+        target = out
+        if split_k > 1:
+            launch_options["SPLIT_K"] = split_k
+            target = torch.empty(split_k, n_pairs, 2, n_out, dtype=torch.float32, device=out.device)
+        grid = (block_expert.numel(), triton_cdiv(n_out, block_n), split_k)
+        common = dict(A_SCALE=a_mode, HAS_EXPERT_SCALE=expert_scale is not None, HAS_BIAS=bias is not None,
+                      GATED=bool(apply_act and act.gated), INTERLEAVED=act.interleaved, ACT=_ACT_IDS[act.formula],
+                      APPLY_ACT=apply_act, HAS_LIMIT=act.limit is not None)
+        scalars = (float(act.alpha), float(act.beta), float(act.beta_lin), float(act.limit or 0.0))
         self.last_compiled[which] = K.moe_gemm_kernel[grid](
             a, a_scale if a_mode else dummy, w, ws if ws is not None else dummy,
             block_scale if block_scale is not None else dummy, expert_scale if expert_scale is not None else dummy,
-            bias if bias is not None else dummy, out, sorted_rows, block_expert, n_pairs, a_row_div, n_out, n_rows,
-            k_dim, float(act.alpha), float(act.beta), float(act.beta_lin), float(act.limit or 0.0),
-            A_SCALE=a_mode, W_KIND=_W_KIND[None if wq is None else wq.kind],
+            bias if bias is not None else dummy, target, sorted_rows, block_expert, n_pairs, a_row_div, n_out, n_rows,
+            k_dim, *scalars, W_KIND=_W_KIND[None if wq is None else wq.kind],
             PACKED=bool(elem is not None and elem.nbits == 4), EBITS=elem.ebits if elem else 0,
             MBITS=elem.mbits if elem else 0, BIAS=elem.bias if elem else 0, W_BLOCK_SCALE=block_scale is not None,
-            HAS_EXPERT_SCALE=expert_scale is not None, HAS_BIAS=bias is not None,
-            GATED=bool(apply_act and act.gated), INTERLEAVED=act.interleaved, ACT=_ACT_IDS[act.formula],
-            APPLY_ACT=apply_act, HAS_LIMIT=act.limit is not None, BLOCK_M=tiles["block_m"],
-            BLOCK_N=block_n, BLOCK_K=tiles["block_k"], INTERPRET_DOT=K.INTERPRET,
+            BLOCK_M=tiles["block_m"], BLOCK_N=block_n, BLOCK_K=tiles["block_k"], INTERPRET_DOT=K.INTERPRET,
             DOT_SCALED=self.use_dot_scaled, DS_FMT=self.dot_scaled_format(elem) if self.use_dot_scaled else "e2m1",
-            num_warps=tiles["num_warps"], num_stages=tiles["num_stages"], **launch_options, **prep.constexprs,
+            num_warps=tiles["num_warps"], num_stages=tiles["num_stages"], **common, **launch_options,
+            **prep.constexprs,
         )
+        if split_k > 1:
+            bp, bn = 16, 64
+            K.splitk_epilogue_kernel[(triton_cdiv(n_pairs, bp), triton_cdiv(n_out, bn))](
+                target, topk_ids.reshape(-1), a_scale if a_mode else dummy,
+                expert_scale if expert_scale is not None else dummy, bias if bias is not None else dummy, out, n_pairs,
+                n_out, n_rows, *scalars, SPLIT_K=split_k, BLOCK_P=bp, BLOCK_N=bn, **common)
 
 
 _ACTIVATION_QUANTIZERS = {MX: TritonEmulationBackend._mx_activation, NVFP4: TritonEmulationBackend._nvfp4_activation,

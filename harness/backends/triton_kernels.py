@@ -583,7 +583,7 @@ def moe_gemm_kernel(
     GATED: tl.constexpr, INTERLEAVED: tl.constexpr, ACT: tl.constexpr, APPLY_ACT: tl.constexpr,
     HAS_LIMIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     INTERPRET_DOT: tl.constexpr, DOT_SCALED: tl.constexpr = False, DS_FMT: tl.constexpr = "e2m1",
-    BITPLACE: tl.constexpr = False, BITPLACE_SPLIT: tl.constexpr = 1,
+    BITPLACE: tl.constexpr = False, BITPLACE_SPLIT: tl.constexpr = 1, SPLIT_K: tl.constexpr = 1,
 ):
     """out[pair, n] for BLOCK_M pairs of one expert (rows of a: pair // a_row_div) x BLOCK_N outputs.
 
@@ -591,9 +591,12 @@ def moe_gemm_kernel(
     W_BLOCK_SCALE: FP8 128x128 weight scales [E, N_ROWS/128, K/128]. HAS_EXPERT_SCALE: one fp32 per
     expert (NVFP4 global decode scale, FP8 per-tensor weight scale). APPLY_ACT with GATED computes the
     gate and the up rows (halves, or interleaved) and stores act(bf16(gate), bf16(up)) rounded to bf16;
-    otherwise stores bf16(acc). Rows of padding (pair id == n_pairs) are neither read nor written."""
+    otherwise stores bf16(acc). Rows of padding (pair id == n_pairs) are neither read nor written.
+    SPLIT_K > 1 (BITPLACE only): program axis 2 takes 1 / SPLIT_K of the K chunks and out_ptr is an fp32
+    workspace [SPLIT_K, pairs, 2, N_OUT] of partial sums for splitk_epilogue_kernel."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
+    pid_s = tl.program_id(2)
     expert = tl.load(block_expert_ptr + pid_m)
     if expert < 0:  # a block past the used ones (the grid is sized for the worst case)
         return
@@ -602,16 +605,8 @@ def moe_gemm_kernel(
     a_row = (pair // a_row_div).to(tl.int64)
     n_offs = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = n_offs < N_OUT
-    if GATED:
-        if INTERLEAVED:
-            g_row = 2 * n_offs
-            u_row = 2 * n_offs + 1
-        else:
-            g_row = n_offs
-            u_row = n_offs + N_OUT
-    else:
-        g_row = n_offs
-        u_row = n_offs
+    g_row, u_row = _gate_up_rows(n_offs, N_OUT, GATED, INTERLEAVED)
+    tl.static_assert(SPLIT_K == 1 or BITPLACE, "split-K is the bit-placement loop's")
     if BITPLACE:  # FP4 weights by bit placement: weights x tokens^T, accumulators [BLOCK_N, BLOCK_M]
         tl.static_assert(A_SCALE != 2, "the bit-placement loop applies activation scales on the accumulator only")
         REPS: tl.constexpr = BLOCK_N // 64
@@ -632,7 +627,9 @@ def moe_gemm_kernel(
         acc_gt = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         acc_ut = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         QW: tl.constexpr = 4 // BITPLACE_SPLIT  # words per thread-group and row in one MMA step
-        for ci in range(0, (K + 127) // 128):  # by chunk index: offsets ci x 16 words are known multiples of 16
+        chunks = (K + 127) // 128
+        per_split = (chunks + SPLIT_K - 1) // SPLIT_K
+        for ci in range(pid_s * per_split, tl.minimum((pid_s + 1) * per_split, chunks)):  # offsets ci x 16 words
             for qh in tl.static_range(BITPLACE_SPLIT):
                 k_offs = ci * 128 + qh * 32 * QW + tl.arange(0, 32 * QW)
                 # bf16 straight into the dot when compiled (a load the pipeliner streams into shared memory)
@@ -653,6 +650,34 @@ def moe_gemm_kernel(
         acc_g, acc_u = _k_loop(a_ptr, a_scale_ptr, w_ptr, ws_ptr, w_block_scale_ptr, expert, a_row, m_mask, g_row,
                                u_row, n_mask, N_ROWS, K, A_SCALE, W_KIND, PACKED, EBITS, MBITS, BIAS, W_BLOCK_SCALE,
                                GATED, BLOCK_M, BLOCK_N, BLOCK_K, INTERPRET_DOT, DOT_SCALED, DS_FMT)
+    if SPLIT_K > 1:  # fp32 partial sums of this K range; splitk_epilogue_kernel adds them in order
+        part = ((pid_s * n_pairs + pair.to(tl.int64))[:, None] * 2) * N_OUT + n_offs[None, :]
+        tl.store(out_ptr + part, acc_g, mask=m_mask[:, None] & n_mask[None, :])
+        if GATED:
+            tl.store(out_ptr + part + N_OUT, acc_u, mask=m_mask[:, None] & n_mask[None, :])
+        return
+    _epilogue(acc_g, acc_u, pair, m_mask, n_offs, n_mask, g_row, u_row, expert, a_scale_ptr, expert_scale_ptr,
+              bias_ptr, out_ptr, N_OUT, N_ROWS, alpha, beta, beta_lin, limit, A_SCALE, HAS_EXPERT_SCALE, HAS_BIAS,
+              GATED, ACT, APPLY_ACT, HAS_LIMIT)
+
+
+@_device
+def _gate_up_rows(n_offs, N_OUT, GATED: tl.constexpr, INTERLEAVED: tl.constexpr):
+    """The weight rows of outputs n: gate and up (halves, or interleaved), or n itself."""
+    if GATED:
+        if INTERLEAVED:
+            return 2 * n_offs, 2 * n_offs + 1
+        return n_offs, n_offs + N_OUT
+    return n_offs, n_offs
+
+
+@_device
+def _epilogue(acc_g, acc_u, pair, m_mask, n_offs, n_mask, g_row, u_row, expert, a_scale_ptr, expert_scale_ptr,
+              bias_ptr, out_ptr, N_OUT, N_ROWS, alpha, beta, beta_lin, limit, A_SCALE: tl.constexpr,
+              HAS_EXPERT_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr, ACT: tl.constexpr,
+              APPLY_ACT: tl.constexpr, HAS_LIMIT: tl.constexpr):
+    """Scales, bias, the bf16 rounding points and the activation of fp32 sums [pairs, n], stored as bf16. `expert`
+    is the block's (a scalar) or each pair's ([pairs, 1], split-K)."""
     if A_SCALE == 1:
         sa1 = tl.load(a_scale_ptr)
         acc_g = acc_g * sa1
@@ -662,11 +687,10 @@ def moe_gemm_kernel(
         acc_g = acc_g * se
         acc_u = acc_u * se
     if HAS_BIAS:
-        bg = tl.load(bias_ptr + expert.to(tl.int64) * N_ROWS + g_row, mask=n_mask, other=0.0)
-        acc_g = acc_g + bg[None, :]
+        brow = expert.to(tl.int64) * N_ROWS
+        acc_g = acc_g + tl.load(bias_ptr + brow + g_row[None, :], mask=n_mask[None, :], other=0.0)
         if GATED:
-            bu = tl.load(bias_ptr + expert.to(tl.int64) * N_ROWS + u_row, mask=n_mask, other=0.0)
-            acc_u = acc_u + bu[None, :]
+            acc_u = acc_u + tl.load(bias_ptr + brow + u_row[None, :], mask=n_mask[None, :], other=0.0)
     h_g = round_bf16(acc_g)  # the gemm1_out / gemm2_out rounding point
     if APPLY_ACT:
         h_u = round_bf16(acc_u)
@@ -675,6 +699,35 @@ def moe_gemm_kernel(
         y = h_g
     out_offs = pair.to(tl.int64)[:, None] * N_OUT + n_offs[None, :]
     tl.store(out_ptr + out_offs, f32_to_bf16(y), mask=m_mask[:, None] & n_mask[None, :])
+
+
+@triton.jit
+def splitk_epilogue_kernel(part_ptr, ids_ptr, a_scale_ptr, expert_scale_ptr, bias_ptr, out_ptr, n_pairs, N_OUT,
+                           N_ROWS, alpha, beta, beta_lin, limit, SPLIT_K: tl.constexpr, A_SCALE: tl.constexpr,
+                           HAS_EXPERT_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
+                           INTERLEAVED: tl.constexpr, ACT: tl.constexpr, APPLY_ACT: tl.constexpr,
+                           HAS_LIMIT: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The split-K GEMM's sums: partials [SPLIT_K, pairs, 2, N_OUT] (fp32) added in split order, then the GEMM
+    epilogue of moe_gemm_kernel (each pair's expert from ids_ptr, the flat top-k ids)."""
+    pair = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
+    m_mask = pair < n_pairs
+    n_offs = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = n_offs < N_OUT
+    mask = m_mask[:, None] & n_mask[None, :]
+    acc_g = tl.zeros((BLOCK_P, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_P, BLOCK_N), dtype=tl.float32)
+    for s in range(SPLIT_K):  # in order: deterministic
+        part = ((s * n_pairs + pair.to(tl.int64))[:, None] * 2) * N_OUT + n_offs[None, :]
+        acc_g += tl.load(part_ptr + part, mask=mask, other=0.0)
+        if GATED:
+            acc_u += tl.load(part_ptr + part + N_OUT, mask=mask, other=0.0)
+    if not GATED:
+        acc_u = acc_g
+    expert = tl.load(ids_ptr + pair, mask=m_mask, other=0).to(tl.int32)[:, None]
+    g_row, u_row = _gate_up_rows(n_offs, N_OUT, GATED, INTERLEAVED)
+    _epilogue(acc_g, acc_u, pair, m_mask, n_offs, n_mask, g_row, u_row, expert, a_scale_ptr, expert_scale_ptr,
+              bias_ptr, out_ptr, N_OUT, N_ROWS, alpha, beta, beta_lin, limit, A_SCALE, HAS_EXPERT_SCALE, HAS_BIAS,
+              GATED, ACT, APPLY_ACT, HAS_LIMIT)
 
 
 @triton.jit
