@@ -110,6 +110,7 @@ class TritonEmulationBackend:
         self.device = device or default_device()
         self.tiles: dict | None = None  # fixed tiles (configure()); None: TILE_TABLE by pair count
         self.last_compiled: dict = {}  # "w13"/"w2" -> the compiled kernel of the last launch (tools/kernel_report.py)
+        self.last_launch: dict = {}  # "w13"/"w2" -> (grid, tiles) of the last launch (harness/bench/diagnosis.py)
 
     def configure(self, **params) -> "TritonEmulationBackend":
         """Fix tile sizes and launch parameters (block_m, block_n, block_k, num_warps, num_stages) instead
@@ -369,6 +370,7 @@ class TritonEmulationBackend:
                       GATED=bool(apply_act and act.gated), INTERLEAVED=act.interleaved, ACT=_ACT_IDS[act.formula],
                       APPLY_ACT=apply_act, HAS_LIMIT=act.limit is not None)
         scalars = (float(act.alpha), float(act.beta), float(act.beta_lin), float(act.limit or 0.0))
+        self.last_launch[which] = (grid, tiles)
         self.last_compiled[which] = K.moe_gemm_kernel[grid](
             a, a_scale if a_mode else dummy, w, ws if ws is not None else dummy,
             block_scale if block_scale is not None else dummy, expert_scale if expert_scale is not None else dummy,

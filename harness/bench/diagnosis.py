@@ -39,24 +39,27 @@ def occupancy(regs_per_thread: int, shared_bytes: int, warps: int, limits: SMLim
 
 
 def kernel_facts(compiled, programs: int, sms: int, limits: SMLimits = HOPPER) -> dict:
-    """A compiled Triton kernel (what a launch returns) and the programs its launch ran: registers, spills,
-    shared memory, occupancy and waves (programs / (SMs x resident programs))."""
+    """A compiled Triton kernel (what a launch returns) and the programs its launch ran: registers, spills (Triton's
+    n_spills: local memory bytes / 4), shared memory, occupancy and waves (programs / (SMs x resident programs))."""
     warps = compiled.metadata.num_warps
     occ = occupancy(compiled.n_regs, compiled.metadata.shared, warps, limits)
     return dict(regs=compiled.n_regs, spills=compiled.n_spills, shared_kb=compiled.metadata.shared / 1024,
                 warps=warps, programs=programs, waves=programs / max(1, sms * occ["programs_per_sm"]), **occ)
 
 
-GEMM_KERNEL_WORDS = ("gemm", "cutlass", "matmul", "ragged_dot")  # kernel names of MoE GEMMs (ours, CUTLASS, XLA)
+# kernel names of MoE GEMMs: ours (and its split-K epilogue), CUTLASS, cuBLAS(Lt)'s nvjet kernels on Hopper, XLA
+GEMM_KERNEL_WORDS = ("gemm", "splitk", "cutlass", "matmul", "nvjet", "ragged_dot")
 
 
-def kernel_time_split(fn) -> dict:
+def kernel_time_split(fn, setup=None) -> dict:
     """Device time (us) of the kernels one call of fn launches, from the profiler: the GEMMs (a name holding one
     of GEMM_KERNEL_WORDS) apart from the rest. Eager, not a graph replay: the kernels are the same, the launch
-    gaps are not counted."""
+    gaps are not counted. setup (the L2 flush the timed rounds make) runs first, outside the profile."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    if setup is not None:
+        setup()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()

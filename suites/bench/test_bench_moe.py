@@ -86,15 +86,13 @@ def _diagnose(backend, prep, inputs, shape, row: dict) -> None:
     x, w, ids = inputs
     try:
         call = getattr(backend, "launch", None) or backend.forward
-        row.update(kernel_time_split(lambda: call(prep, x, w, ids)))
+        row.update(kernel_time_split(lambda: call(prep, x, w, ids), setup=flush_l2))
         compiled = getattr(backend, "last_compiled", {}).get("w13")
         if compiled is not None:
-            wq = prep.ckpt.scheme.weight
-            tiles = backend.tile_config(ids.numel(), None if wq is None else wq.kind)
+            (_, n_tiles, splits), tiles = backend.last_launch["w13"]  # the launch's own grid and tiles
             counts = torch.bincount(ids.flatten(), minlength=shape.num_experts)
             used_blocks = int(((counts + tiles["block_m"] - 1) // tiles["block_m"]).sum())
-            n_tiles = -(-shape.intermediate_size // tiles["block_n"])
-            row["gemm1"] = kernel_facts(compiled, used_blocks * n_tiles,
+            row["gemm1"] = kernel_facts(compiled, used_blocks * n_tiles * splits,
                                         torch.cuda.get_device_properties(0).multi_processor_count)
     except Exception as exc:  # noqa: BLE001 - a diagnosis must not hide the measurement
         row["diagnosis_error"] = f"{type(exc).__name__}: {exc}"[:200]
