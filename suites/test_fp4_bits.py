@@ -151,8 +151,9 @@ def test_each_thread_group_finds_its_wgmma_columns_in_16_contiguous_bytes():
 
 
 @pytest.mark.parametrize("tiles", [{}, dict(block_n=128, w2_block_n=128), dict(block_n=64, w2_block_n=128),
-                                   dict(block_n=64, k_split=2), dict(block_n=64, split_k=2), dict(block_n=128, split_k=3)],
-                         ids=["default", "two_reps", "w2_two_reps", "k_split", "split_k", "split_k_empty_splits"])
+                                   dict(block_n=64, mma_steps=2), dict(block_n=64, split_k=2),
+                                   dict(block_n=128, split_k=3)],
+                         ids=["default", "two_reps", "w2_two_reps", "mma_steps", "split_k", "split_k_empty_splits"])
 @pytest.mark.parametrize("scheme", ["w_mxfp4", "w_nvfp4"])
 def test_the_bitplace_kernel_reads_k_tails(scheme, tiles):
     """K not a multiple of the 128-wide K step, nor of a word of scales (H = 160: 5 MX blocks, I = 96: 3), N not a
@@ -200,12 +201,12 @@ def test_the_kernel_places_every_code_at_every_position_of_a_word():
 
 @settings(max_examples=10, deadline=None)
 @given(scheme=st.sampled_from(["w_mxfp4", "w_nvfp4", "w_nvfp4_a_nvfp4", "w_mxfp4_a_mxfp4"]),
-       block_n=st.sampled_from([64, 128]), w2_block_n=st.sampled_from([0, 64, 128]), k_split=st.sampled_from([1, 2]),
-       split_k=st.sampled_from([1, 2, 3]), hidden=st.sampled_from([128, 160, 288]), inter=st.sampled_from([96, 128, 160]),
-       tokens=st.integers(1, 9), seed=st.integers(0, 2**16))
-def test_every_bitplace_tile_configuration_the_sweep_may_pick_is_exact(scheme, block_n, w2_block_n, k_split, split_k,
-                                                                        hidden, inter, tokens, seed):
-    """Each tile key of triton_bitplace that tools/tune_moe.py sweeps (block_n, w2_block_n, k_split, split_k), in
+       block_n=st.sampled_from([64, 128]), w2_block_n=st.sampled_from([0, 64, 128]),
+       mma_steps=st.sampled_from([1, 2]), split_k=st.sampled_from([1, 2, 3]), hidden=st.sampled_from([128, 160, 288]),
+       inter=st.sampled_from([96, 128, 160]), tokens=st.integers(1, 9), seed=st.integers(0, 2**16))
+def test_every_bitplace_tile_configuration_the_sweep_may_pick_is_exact(scheme, block_n, w2_block_n, mma_steps,
+                                                                        split_k, hidden, inter, tokens, seed):
+    """Each tile key of triton_bitplace that tools/tune_moe.py sweeps (block_n, w2_block_n, mma_steps, split_k), in
     any combination, at K with and without tails, against the reference: whatever the next H200 sweep puts in
     BITPLACE_TILES has been checked here first."""
     from harness.backends import backend_structure
@@ -213,7 +214,7 @@ def test_every_bitplace_tile_configuration_the_sweep_may_pick_is_exact(scheme, b
     from harness.core.conformance import Shape, backend_shape, compare_backend, reference_run
 
     backend = TritonBitplaceBackend().configure(block_m=16, block_n=block_n, block_k=128, num_warps=4, num_stages=2,
-                                                w2_block_n=w2_block_n, k_split=k_split, split_k=split_k)
+                                                w2_block_n=w2_block_n, mma_steps=mma_steps, split_k=split_k)
     shape = backend_shape(backend, Shape(num_experts=4, hidden_size=hidden, intermediate_size=inter, tokens=tokens,
                                          top_k=3))
     ckpt, inputs, out, trace = reference_run(scheme, "SWIGLUOAI", "e4m3fn", shape, seed, backend_structure(backend))

@@ -27,9 +27,9 @@ DECODE = [dict(block_m=16, block_n=n, block_k=k, num_warps=w, num_stages=s)
 PREFILL = [dict(block_m=m, block_n=n, block_k=k, num_warps=w, num_stages=3)
            for m, n, k, w in itertools.product((64, 128), (64, 128), (64,), (4, 8))]
 # triton_bitplace: one 128-value chunk per K step and one warpgroup (its tiles' layout is the wgmma operand's);
-# k_split 2 with maxnreg 96 compiles to 96 registers (5 programs per SM instead of 4, no spill in the loop);
+# mma_steps 2 with maxnreg 96 compiles to 96 registers (5 programs per SM instead of 4, no spill in the loop);
 # split_k shares a tile's K chunks among programs (few tokens leave SMs idle: 180 programs at gpt-oss, 1 token)
-BITPLACE_DECODE = [dict(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=s, k_split=k, maxnreg=r,
+BITPLACE_DECODE = [dict(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=s, mma_steps=k, maxnreg=r,
                         split_k=sk)
                    for s, k, r, sk in itertools.product((3, 4), (1, 2), (0, 96), (1, 2, 4))]
 BITPLACE_PREFILL = [dict(block_m=m, block_n=64, block_k=128, num_warps=4, num_stages=s)

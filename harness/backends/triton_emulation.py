@@ -80,10 +80,10 @@ class Prepared:
 FUSED_ALIGN_MAX_PAIRS = 1024
 FUSED_ALIGN_ON_GPU = os.environ.get("MOE_CONFORMANCE_UNVERIFIED") == "1"
 
-TILE_KEYS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "w2_block_n", "maxnreg", "k_split",
+TILE_KEYS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "w2_block_n", "maxnreg", "mma_steps",
              "split_k")
 # optional keys: w2_block_n (GEMM2's N tile where it differs from GEMM1's), maxnreg (a register cap per thread, so
-# that more programs fit on a multiprocessor; 0 = the compiler's choice), k_split (triton_bitplace: MMA steps per
+# that more programs fit on a multiprocessor; 0 = the compiler's choice), mma_steps (triton_bitplace: MMA steps per
 # 128-value chunk, 1 or 2; 2 holds half the decoded tile in registers), split_k (triton_bitplace: the K chunks
 # shared among this many programs per tile, fp32 partial sums added in order by splitk_epilogue_kernel: more
 # programs when few tokens leave SMs idle)
@@ -357,8 +357,8 @@ class TritonEmulationBackend:
         dummy = out
         block_n = tiles.get(f"{which}_block_n") or tiles["block_n"]
         launch_options = {"maxnreg": tiles["maxnreg"]} if tiles.get("maxnreg") else {}
-        if tiles.get("k_split"):
-            launch_options["BITPLACE_SPLIT"] = tiles["k_split"]
+        if tiles.get("mma_steps"):
+            launch_options["MMA_STEPS"] = tiles["mma_steps"]
         # split-K (the bit-placement loop only): fp32 partial sums of each K range, then one epilogue kernel
         split_k = tiles.get("split_k") or 1 if prep.constexprs.get("BITPLACE") else 1
         target = out

@@ -583,7 +583,7 @@ def moe_gemm_kernel(
     GATED: tl.constexpr, INTERLEAVED: tl.constexpr, ACT: tl.constexpr, APPLY_ACT: tl.constexpr,
     HAS_LIMIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     INTERPRET_DOT: tl.constexpr, DOT_SCALED: tl.constexpr = False, DS_FMT: tl.constexpr = "e2m1",
-    BITPLACE: tl.constexpr = False, BITPLACE_SPLIT: tl.constexpr = 1, SPLIT_K: tl.constexpr = 1,
+    BITPLACE: tl.constexpr = False, MMA_STEPS: tl.constexpr = 1, SPLIT_K: tl.constexpr = 1,
 ):
     """out[pair, n] for BLOCK_M pairs of one expert (rows of a: pair // a_row_div) x BLOCK_N outputs.
 
@@ -626,11 +626,11 @@ def moe_gemm_kernel(
             u_add = 0
         acc_gt = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         acc_ut = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        QW: tl.constexpr = 4 // BITPLACE_SPLIT  # words per thread-group and row in one MMA step
+        QW: tl.constexpr = 4 // MMA_STEPS  # words per thread-group and row in one MMA step
         chunks = (K + 127) // 128
         per_split = (chunks + SPLIT_K - 1) // SPLIT_K
         for ci in range(pid_s * per_split, tl.minimum((pid_s + 1) * per_split, chunks)):  # offsets ci x 16 words
-            for qh in tl.static_range(BITPLACE_SPLIT):
+            for qh in tl.static_range(MMA_STEPS):
                 k_offs = ci * 128 + qh * 32 * QW + tl.arange(0, 32 * QW)
                 # bf16 straight into the dot when compiled (a load the pipeliner streams into shared memory)
                 a = tl.load(a_ptr + a_row[:, None] * K + k_offs[None, :],
