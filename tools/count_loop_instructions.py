@@ -17,10 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 os.environ["TRITON_INTERPRET"] = "0"  # compile, never interpret: set before any kernel is defined
@@ -33,6 +30,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from harness.backends import load_backend  # noqa: E402
 from harness.backends import triton_kernels as K  # noqa: E402
 from harness.bench import MODEL_SHAPES, routed_inputs  # noqa: E402
+from harness.bench.diagnosis import INSTRUCTION_BUDGET as BUDGET, k_loop, sass, weight_bytes_per_iteration  # noqa: E402
 from harness.bench.report import write_results_json  # noqa: E402
 from reference.checkpoints import make_checkpoint  # noqa: E402
 
@@ -40,7 +38,6 @@ PATHS = [("bf16", "triton_emulation"), ("w_mxfp4", "triton_emulation"), ("w_mxfp
          ("w_mxfp4", "triton_bitplace"), ("w_nvfp4", "triton_emulation"), ("w_nvfp4", "triton_bitplace")]
 _DTYPES = {torch.bfloat16: "bf16", torch.float32: "fp32", torch.uint8: "u8", torch.int32: "i32", torch.int64: "i64",
            torch.float16: "fp16"}
-BUDGET = 0.245  # warp-instructions per weight byte at the H200's copy rate, full issue efficiency
 
 
 class _Captured(Exception):
@@ -109,61 +106,6 @@ def compile_sm90(args: tuple, kwargs: dict):
                           options=dict(num_warps=kwargs["num_warps"], num_stages=kwargs["num_stages"]))
 
 
-def _nvdisasm() -> str:
-    return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm")
-
-
-def sass(cubin: bytes) -> tuple[list[tuple[int, str]], dict[str, int]]:
-    """(address, instruction) of every SASS instruction, and each label's address."""
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        text = subprocess.run([_nvdisasm(), "-c", f.name], capture_output=True, text=True, check=True).stdout
-    out, labels, pending = [], {}, []
-    for line in text.splitlines():
-        label = re.match(r"\s*(\.L_x_\d+):", line)
-        if label:
-            pending.append(label.group(1))
-            continue
-        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", line)
-        if m:
-            addr = int(m.group(1), 16)
-            labels.update({name: addr for name in pending})
-            pending = []
-            out.append((addr, m.group(2).strip()))
-    return out, labels
-
-
-def k_loop(instructions: list[tuple[int, str]], labels: dict[str, int]) -> list[str]:
-    """The innermost backward-branch loop that holds tensor-core instructions (HGMMA / HMMA)."""
-    best = None
-    for addr, ins in instructions:
-        m = re.search(r"\bBRA\b.*?(\.L_x_\d+)", ins)
-        if not m or m.group(1) not in labels or labels[m.group(1)] > addr:
-            continue
-        body = [s for a, s in instructions if labels[m.group(1)] <= a <= addr]
-        if any(re.search(r"\b(HGMMA|HMMA)\.", s) for s in body) and (best is None or len(body) < len(best)):
-            best = body
-    if best is None:
-        raise RuntimeError("no loop with tensor-core instructions found in the SASS")
-    return best
-
-
-def weight_bytes_per_iteration(scheme: str, kwargs: dict) -> int:
-    """Codes and block scales of the weight tile(s) one K step reads (gate and up tiles for a gated GEMM1)."""
-    bn, bk = kwargs["BLOCK_N"], kwargs["BLOCK_K"]
-    tiles = 2 if kwargs.get("GATED") else 1
-    if scheme == "bf16":
-        per = bn * bk * 2
-    elif scheme.startswith("w_mxfp4"):
-        per = bn * bk // 2 + bn * bk // 32
-    elif scheme.startswith("w_nvfp4"):
-        per = bn * bk // 2 + bn * bk // 16
-    else:
-        raise ValueError(f"no byte count for {scheme}")
-    return tiles * per
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="gpt-oss-120b", choices=list(MODEL_SHAPES))
@@ -175,7 +117,7 @@ def main(argv=None) -> int:
         launch_args, kwargs = capture_gemm1(scheme, backend_name, args.model, args.tokens)
         compiled = compile_sm90(launch_args, kwargs)
         loop = k_loop(*sass(compiled.asm["cubin"]))
-        nbytes = weight_bytes_per_iteration(scheme, kwargs)
+        nbytes = weight_bytes_per_iteration(scheme, kwargs["BLOCK_N"], kwargs["BLOCK_K"], bool(kwargs.get("GATED")))
         per_byte = len(loop) * kwargs["num_warps"] / nbytes
         row = dict(scheme=scheme, backend=backend_name, loop_instructions=len(loop), num_warps=kwargs["num_warps"],
                    weight_bytes_per_iteration=nbytes, warp_instructions_per_byte=round(per_byte, 4),

@@ -3,14 +3,26 @@ what was measured, not a guess): for the Triton backends, the compiled GEMM kern
 occupancy (programs resident per multiprocessor and what limits them) and waves; for every backend, the device
 time of its kernels in one profiled forward, the GEMMs apart from the rest (routing, quantizers, reductions).
 
-`occupancy` is plain arithmetic (checked on the CPU); `kernel_facts` and `kernel_time_split` need a GPU."""
+and the K loop's warp-instructions per weight byte (the SASS of the compiled kernel, disassembled with the
+nvdisasm that Triton bundles; the budget at the H200's copy rate is ~0.245, ../shared/PERF.md).
+
+`occupancy`, `weight_bytes_per_iteration` and `k_loop` are plain arithmetic and text (checked on the CPU);
+`kernel_facts` and `kernel_time_split` need a GPU; `sass` needs a cubin (tools/count_loop_instructions.py
+compiles one for sm90 without a GPU)."""
 
 from __future__ import annotations
 
 import math
+import re
+import subprocess
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
-__all__ = ["SMLimits", "HOPPER", "GEMM_KERNEL_WORDS", "occupancy", "kernel_facts", "kernel_time_split", "describe"]
+__all__ = ["SMLimits", "HOPPER", "GEMM_KERNEL_WORDS", "INSTRUCTION_BUDGET", "occupancy", "kernel_facts",
+           "kernel_time_split", "sass", "k_loop", "weight_bytes_per_iteration", "loop_facts", "describe"]
+
+INSTRUCTION_BUDGET = 0.245  # warp-instructions per weight byte at the H200's copy rate, full issue efficiency
 
 
 @dataclass(frozen=True)
@@ -45,6 +57,68 @@ def kernel_facts(compiled, programs: int, sms: int, limits: SMLimits = HOPPER) -
     occ = occupancy(compiled.n_regs, compiled.metadata.shared, warps, limits)
     return dict(regs=compiled.n_regs, spills=compiled.n_spills, shared_kb=compiled.metadata.shared / 1024,
                 warps=warps, programs=programs, waves=programs / max(1, sms * occ["programs_per_sm"]), **occ)
+
+
+def _nvdisasm() -> str:
+    import triton
+
+    return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm")
+
+
+def sass(cubin: bytes) -> tuple[list[tuple[int, str]], dict[str, int]]:
+    """(address, instruction) of every SASS instruction of a cubin, and each label's address."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([_nvdisasm(), "-c", f.name], capture_output=True, text=True, check=True).stdout
+    out, labels, pending = [], {}, []
+    for line in text.splitlines():
+        label = re.match(r"\s*(\.L_x_\d+):", line)
+        if label:
+            pending.append(label.group(1))
+            continue
+        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", line)
+        if m:
+            addr = int(m.group(1), 16)
+            labels.update({name: addr for name in pending})
+            pending = []
+            out.append((addr, m.group(2).strip()))
+    return out, labels
+
+
+def k_loop(instructions: list[tuple[int, str]], labels: dict[str, int]) -> list[str]:
+    """The innermost backward-branch loop that holds tensor-core instructions (HGMMA / HMMA)."""
+    best = None
+    for addr, ins in instructions:
+        m = re.search(r"\bBRA\b.*?(\.L_x_\d+)", ins)
+        if not m or m.group(1) not in labels or labels[m.group(1)] > addr:
+            continue
+        body = [s for a, s in instructions if labels[m.group(1)] <= a <= addr]
+        if any(re.search(r"\b(HGMMA|HMMA)\.", s) for s in body) and (best is None or len(body) < len(best)):
+            best = body
+    if best is None:
+        raise RuntimeError("no loop with tensor-core instructions found in the SASS")
+    return best
+
+
+def weight_bytes_per_iteration(scheme: str, block_n: int, block_k: int, gated: bool) -> int:
+    """Codes and block scales of the weight tile(s) one K step reads (gate and up tiles for a gated GEMM1)."""
+    if scheme == "bf16":
+        per = block_n * block_k * 2
+    elif scheme.startswith("w_mxfp4"):
+        per = block_n * block_k // 2 + block_n * block_k // 32
+    elif scheme.startswith("w_nvfp4"):
+        per = block_n * block_k // 2 + block_n * block_k // 16
+    else:
+        raise ValueError(f"no byte count per K step for {scheme}")
+    return (2 if gated else 1) * per
+
+
+def loop_facts(cubin: bytes, scheme: str, tiles: dict, gated: bool) -> dict:
+    """The K loop's SASS instructions and warp-instructions per weight byte (x num_warps / bytes per step)."""
+    loop = k_loop(*sass(cubin))
+    nbytes = weight_bytes_per_iteration(scheme, tiles["block_n"], tiles["block_k"], gated)
+    return dict(loop_instructions=len(loop), warp_instructions_per_byte=len(loop) * tiles["num_warps"] / nbytes)
 
 
 # kernel names of MoE GEMMs: ours (and its split-K epilogue), CUTLASS, cuBLAS(Lt)'s nvjet kernels on Hopper, XLA
@@ -87,6 +161,9 @@ def describe(row: dict) -> str:
     if g1:
         parts.append(f"GEMM1 {g1['regs']} regs, {g1['shared_kb']:.1f} KB shared, {g1['programs_per_sm']} programs/SM "
                      f"({g1['limited_by']}), {g1['waves']:.1f} waves")
+        if "warp_instructions_per_byte" in g1:
+            parts.append(f"K loop {g1['loop_instructions']} SASS = {g1['warp_instructions_per_byte']:.3f} "
+                         f"warp-instr/weight byte (budget {INSTRUCTION_BUDGET})")
     if "weight_bytes" in row:
         parts.append(f"{row['weight_bytes'] / 1e6:.0f} MB of weights")
     if row.get("diagnosis_error"):

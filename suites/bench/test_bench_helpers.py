@@ -95,3 +95,34 @@ def test_a_missed_target_says_what_else_its_row_measured():
     assert t["gpt-oss-120b T=64 (triton_bitplace)"]["why"] == ""
     assert "diagnosis failed: RuntimeError: no profiler" in t["gpt-oss-120b T=1 (triton_bitplace)"]["why"]
     assert "| 125 regs" not in format_targets([miss]) and "GEMM1 125 regs" in format_targets([miss])
+
+
+def test_the_k_loop_is_the_innermost_backward_branch_holding_tensor_core_instructions():
+    """diagnosis.k_loop on a hand-written SASS listing: an outer loop (tile loop) around an inner one (K loop,
+    with the HGMMA) and a loop without tensor-core work (an epilogue copy): the K loop is picked, whole."""
+    from harness.bench.diagnosis import k_loop
+
+    listing = [(0x00, "MOV R1, c[0x0][0x28]"), (0x10, "LDG.E.128 R4, desc[UR4][R2.64]"),  # outer loop head
+               (0x20, "LOP3.LUT R8, R4, 0xf, RZ, 0xc0, !PT"), (0x30, "HGMMA.64x16x16.F32.BF16 R24, R8, gdesc[UR4]"),
+               (0x40, "ISETP.GE.AND P0, PT, R9, R10, PT"), (0x50, "@!P0 BRA `(.L_x_1)"),  # inner: 0x10..0x50
+               (0x60, "FMUL R24, R24, R30"), (0x70, "@P1 BRA `(.L_x_0)"),  # outer: 0x00..0x70
+               (0x80, "STG.E.U16 desc[UR4][R2.64], R24"), (0x90, "@P2 BRA `(.L_x_2)")]  # store loop, no MMA
+    labels = {".L_x_0": 0x00, ".L_x_1": 0x10, ".L_x_2": 0x80}
+    assert k_loop(listing, labels) == [ins for addr, ins in listing if 0x10 <= addr <= 0x50]
+    with pytest.raises(RuntimeError, match="no loop with tensor-core"):
+        k_loop(listing[-2:], labels)
+
+
+def test_weight_bytes_per_k_step_count_codes_and_block_scales_of_each_gated_tile():
+    """The denominator of warp-instructions per byte: a 64x128 tile is 8 KB of FP4 codes, plus one E8M0 per 32
+    (256 B) or one E4M3 per 16 (512 B) values; a gated GEMM1 reads the gate and the up tile per step."""
+    from harness.bench.diagnosis import describe, weight_bytes_per_iteration
+
+    assert weight_bytes_per_iteration("w_mxfp4", 64, 128, gated=False) == 4096 + 256
+    assert weight_bytes_per_iteration("w_nvfp4_a_nvfp4", 64, 128, gated=True) == 2 * (4096 + 512)
+    assert weight_bytes_per_iteration("bf16", 64, 64, gated=False) == 8192
+    with pytest.raises(ValueError, match="w_fp8"):
+        weight_bytes_per_iteration("w_fp8_a_fp8", 64, 128, gated=False)
+    gemm1 = dict(regs=125, shared_kb=41.5, programs_per_sm=4, limited_by="registers", waves=2.9,
+                 loop_instructions=460, warp_instructions_per_byte=460 * 4 / 8704)
+    assert "K loop 460 SASS = 0.211 warp-instr/weight byte (budget 0.245)" in describe(dict(us=230.0, gemm1=gemm1))

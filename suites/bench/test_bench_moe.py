@@ -18,7 +18,7 @@ from harness.backends import Problem, load_backend
 from harness.bench import (CPU_SHAPE, MODEL_SHAPES, TOKENS, capture, device_checkpoint,
                            flush_l2, io_bytes, median_ms, moe_flops, routed_inputs, weight_bytes)
 from harness.backends import backend_structure
-from harness.bench.diagnosis import kernel_facts, kernel_time_split
+from harness.bench.diagnosis import kernel_facts, kernel_time_split, loop_facts
 from harness.core.conformance import Shape, backend_shape, compare_backend, reference_run
 from harness.platforms import detect_platform, has_gpu
 from reference.activations import activation_by_name
@@ -82,7 +82,7 @@ def _device_checkpoint(shape_name: str, scheme: str):
 def _diagnose(backend, prep, inputs, shape, row: dict) -> None:
     """What the case measured besides its time (harness/bench/diagnosis.py), into the row: the device time of
     the GEMM kernels and of the rest in one eager forward, and for the Triton backends GEMM1's registers, shared
-    memory, occupancy and waves. Auxiliary: a failure here is recorded in the row, never fails the case."""
+    memory, occupancy, waves and K-loop warp-instructions per weight byte. Auxiliary: a failure here is recorded in the row, never fails the case."""
     x, w, ids = inputs
     try:
         call = getattr(backend, "launch", None) or backend.forward
@@ -94,6 +94,9 @@ def _diagnose(backend, prep, inputs, shape, row: dict) -> None:
             used_blocks = int(((counts + tiles["block_m"] - 1) // tiles["block_m"]).sum())
             row["gemm1"] = kernel_facts(compiled, used_blocks * n_tiles * splits,
                                         torch.cuda.get_device_properties(0).multi_processor_count)
+            if row["scheme"] == "bf16" or row["scheme"].startswith(("w_mxfp4", "w_nvfp4")):
+                row["gemm1"].update(loop_facts(compiled.asm["cubin"], row["scheme"], tiles,
+                                               activation_by_name(shape.activation).gated))
     except Exception as exc:  # noqa: BLE001 - a diagnosis must not hide the measurement
         row["diagnosis_error"] = f"{type(exc).__name__}: {exc}"[:200]
 
