@@ -55,11 +55,6 @@ def test_the_fused_alignment_equals_the_torch_one():
 
     backend = TritonEmulationBackend()
     device = default_device()
-    if device != "cpu" and not K.INTERPRET:
-        import harness.backends.triton_emulation as te
-        if not te.FUSED_ALIGN_ON_GPU:
-            import pytest
-            pytest.skip("the fused alignment runs on a GPU only with MOE_CONFORMANCE_UNVERIFIED=1")
     cases = list(_routings()) + [("the largest fused", torch.randint(0, 256, (FUSED_ALIGN_MAX_PAIRS // 8, 8),
                                                                       generator=torch.Generator().manual_seed(6)), 256)]
     for name, ids, experts in cases:

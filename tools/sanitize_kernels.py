@@ -1,5 +1,6 @@
 """Run every Triton kernel of triton_emulation once per weight kind and activation family, small
-shapes, for compute-sanitizer (GPU only):
+shapes, for compute-sanitizer (GPU only); the routing runs in moe_align_kernel (under 1024 pairs), and
+triton_bitplace's split-K partial sums and their epilogue kernel run once:
 
     compute-sanitizer --tool memcheck  python3 tools/sanitize_kernels.py
     compute-sanitizer --tool racecheck python3 tools/sanitize_kernels.py
@@ -41,7 +42,11 @@ def main() -> int:
     tail = Shape(num_experts=4, hidden_size=160, intermediate_size=96, tokens=7, top_k=2)
     for backend, scheme, act in ((TritonDotScaledBackend(), "w_mxfp4", "SWIGLUOAI"), (b, "w_nvfp4", "SILU"),
                                  (b, "w_mxfp4", "SILU"), (TritonBitplaceBackend(), "w_mxfp4", "SWIGLUOAI"),
-                                 (TritonBitplaceBackend(), "w_nvfp4", "SILU")):
+                                 (TritonBitplaceBackend(), "w_nvfp4", "SILU"),
+                                 # split-K: three programs share 2 (GEMM1) and 1 (GEMM2) chunks, some get none
+                                 (TritonBitplaceBackend().configure(block_m=16, block_n=64, block_k=128, num_warps=4,
+                                                                    num_stages=3, split_k=3),
+                                  "w_nvfp4_a_nvfp4", "SWIGLUOAI")):
         ckpt = make_checkpoint(scheme, act, tail.num_experts, tail.hidden_size, tail.intermediate_size, seed=1,
                                with_bias=act == "SWIGLUOAI")
         x, w, ids = case_inputs(tail, 1)

@@ -32,8 +32,12 @@ from . import triton_kernels
 from .triton_emulation import TritonEmulationBackend
 
 
-# (max pairs, tiles), first match wins: the H200 sweep of tools/tune_moe.py (BENCHMARKS.md)
+# (max pairs, tiles), first match wins: the H200 sweep of tools/tune_moe.py (BENCHMARKS.md;
+# results/gpu-issue15-bitplace/run-11c19d4/tune.log). At 1 token (<= 8 pairs) two programs share each tile's K
+# chunks (split_k 2: gpt-oss 55 -> 49 us, Kimi-K2 118 -> 108 us); at 8-64 tokens one program per tile, 4 stages.
+# mma_steps 2 and maxnreg 96 were slower at every token count of both models.
 BITPLACE_TILES = (
+    (8, dict(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=3, split_k=2)),
     (1024, dict(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4)),
     (1 << 62, dict(block_m=64, block_n=64, block_k=128, num_warps=4, num_stages=3)),
 )
