@@ -1,6 +1,8 @@
 """Does a benchmark case's time depend on the case that ran before it? (H200, 2026-12-01: in `make bench`
 the triton_bitplace rows that ran right after a dequantize_all case were 12-17% slower than the same
-config in tools/tune_moe.py; the rows that did not follow one agreed within 2%.)
+config in tools/tune_moe.py; the rows that did not follow one agreed within 2%. Answer, measured with this
+tool: no; the same case gave the same time in every state here, and the spread was between loans of the
+machine: results/gpu-issue15-bitplace/probe-e5393e1.)
 
 One decode case (default Kimi-K2, MXFP4, 8 tokens, triton_bitplace) is timed as the benchmark times it
 (CUDA-graph replay after an L2 flush, median) in four states, with the SM clock, memory clock, power,
@@ -16,7 +18,6 @@ temperature and active throttle reasons from nvidia-smi beside each:
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,16 +29,14 @@ import torch  # noqa: E402
 from harness.backends import load_backend  # noqa: E402
 from harness.bench import MODEL_SHAPES, capture, copy_bandwidth, device_checkpoint, median_ms, routed_inputs, weight_bytes  # noqa: E402
 from harness.bench.report import finish_tool  # noqa: E402
+from harness.bench.timing import gpu_state as _gpu_state  # noqa: E402
 
-QUERY = "clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active"
+SHOWN = ("clocks.sm", "clocks.mem", "power.draw", "temperature.gpu", "clocks_throttle_reasons.active")
 
 
 def gpu_state() -> str:
-    try:
-        return subprocess.run(["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,noheader"], capture_output=True,
-                              text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError) as exc:
-        return f"nvidia-smi failed: {exc}"
+    state = _gpu_state()
+    return ", ".join(state.get(k, "?") for k in SHOWN) if state else "nvidia-smi unavailable"
 
 
 def spin(fn, seconds: float) -> int:
@@ -78,7 +77,8 @@ def main() -> int:
         print(f"{state:<12} {row['us']:8.1f} us {row['pct_copy']:5.1f}% of copy | before: {before} | after: "
               f"{row['gpu_after']}", flush=True)
 
-    print(f"{args.model} {args.scheme} T={args.tokens} {args.backend}; nvidia-smi: {QUERY}; copy {bw / 1e12:.2f} TB/s")
+    print(f"{args.model} {args.scheme} T={args.tokens} {args.backend}; nvidia-smi: {','.join(SHOWN)}; board "
+          f"{_gpu_state().get('uuid', '?')}; copy {bw / 1e12:.2f} TB/s")
     measure("fresh", gpu_state())
     calls = spin(lambda: baseline.forward(base_prep, x, w, ids), args.heavy_seconds)
     measure("after-heavy", f"{calls} dequantize-all forwards; " + gpu_state())

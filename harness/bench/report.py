@@ -32,7 +32,8 @@ def write_bench_report(rows: list[dict], anchors: dict, out_dir) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(dict(anchors=anchors, rows=rows), indent=1))
     lines = [f"Copy bandwidth {anchors.get('copy_tb_s', 0):.2f} TB/s, bf16 dense matmul "
-             f"{anchors.get('dense_bf16_tflops', 0):.0f} TFLOP/s (measured in this run); {anchors.get('device', '')}", "",
+             f"{anchors.get('dense_bf16_tflops', 0):.0f} TFLOP/s (measured in this run); {anchors.get('device', '')}",
+             _board(anchors.get("gpu") or {}), "",
              "| model | scheme | tokens | backend | median us | TB/s | % copy | TFLOP/s | % dense |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(rows, key=lambda r: (r["model"], r["scheme"], r["tokens"], r["backend"])):
@@ -45,6 +46,16 @@ def write_bench_report(rows: list[dict], anchors: dict, out_dir) -> dict:
     if rows and anchors.get("copy_tb_s"):
         paths["roofline"] = _roofline(rows, anchors, out / "roofline.png")
     return paths
+
+
+def _board(gpu: dict) -> str:
+    """The board and its state when the run began (harness.bench.timing.gpu_state), one line."""
+    if not gpu:
+        return ""
+    return (f"Board {gpu.get('uuid', '?')} at {gpu.get('pci.bus_id', '?')}, driver {gpu.get('driver_version', '?')}: "
+            f"SM clock {gpu.get('clocks.sm', '?')} (max {gpu.get('clocks.max.sm', '?')}), memory clock "
+            f"{gpu.get('clocks.mem', '?')}, power {gpu.get('power.draw', '?')} of {gpu.get('power.limit', '?')}, "
+            f"{gpu.get('temperature.gpu', '?')} C, throttle reasons {gpu.get('clocks_throttle_reasons.active', '?')}")
 
 
 def _series(row: dict) -> str:

@@ -10,13 +10,15 @@ are timed the same way, eagerly.
 from __future__ import annotations
 
 import functools
+import subprocess
 import time
 
 import torch
 
 from harness.platforms import has_gpu
 
-__all__ = ["cuda_event_timer", "flush_l2", "capture", "median_ms", "copy_bandwidth", "dense_bf16_tflops", "anchors"]
+__all__ = ["cuda_event_timer", "flush_l2", "capture", "median_ms", "copy_bandwidth", "dense_bf16_tflops", "anchors",
+           "GPU_STATE_FIELDS", "parse_gpu_state", "gpu_state"]
 
 _T0: list = []
 
@@ -105,9 +107,42 @@ def dense_bf16_tflops() -> float:
     return 2 * n**3 / (ms / 1e3) / 1e12
 
 
+# which board and in what state: the same kernel and config measured 599, 625 and 693 us on three H200 loans
+# whose copy bandwidth and dense matmul rate agreed within 1% (results/gpu-issue15-bitplace/probe-e5393e1)
+GPU_STATE_FIELDS = ("uuid", "pci.bus_id", "driver_version", "clocks.sm", "clocks.max.sm", "clocks.mem", "power.draw",
+                    "power.limit", "temperature.gpu", "clocks_throttle_reasons.active")
+
+
+def parse_gpu_state(csv_text: str, uuid: str | None = None) -> dict:
+    """nvidia-smi --query-gpu=GPU_STATE_FIELDS --format=csv,noheader output -> {field: value} of the GPU whose
+    uuid holds `uuid` (the one torch uses), or of the only GPU listed; {} when none matches."""
+    rows = [[v.strip() for v in line.split(",")] for line in csv_text.strip().splitlines() if line.strip()]
+    rows = [r for r in rows if len(r) == len(GPU_STATE_FIELDS)]
+    if uuid is not None:
+        rows = [r for r in rows if uuid.lower() in r[0].lower()] or (rows if len(rows) == 1 else [])
+    return dict(zip(GPU_STATE_FIELDS, rows[0])) if len(rows) == 1 else {}
+
+
+def gpu_state() -> dict:
+    """The board torch runs on and its clocks, power and throttle reasons now (nvidia-smi); {} without one."""
+    try:
+        text = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(GPU_STATE_FIELDS)}", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    uuid = str(getattr(torch.cuda.get_device_properties(0), "uuid", "")) or None if has_gpu() else None
+    return parse_gpu_state(text, uuid)
+
+
+@functools.lru_cache(maxsize=1)
+def _gpu_state_at_start() -> tuple:
+    return tuple(gpu_state().items())
+
+
 def anchors() -> dict:
-    """The run's reference points (measured now, on this GPU)."""
+    """The run's reference points (measured now, on this GPU), and which board it is and its state when the
+    run began."""
     if not has_gpu():
         return {}
     return dict(device=torch.cuda.get_device_name(0), torch=torch.__version__,
-                copy_tb_s=copy_bandwidth() / 1e12, dense_bf16_tflops=dense_bf16_tflops())
+                copy_tb_s=copy_bandwidth() / 1e12, dense_bf16_tflops=dense_bf16_tflops(), gpu=dict(_gpu_state_at_start()))

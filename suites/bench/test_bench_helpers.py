@@ -126,3 +126,21 @@ def test_weight_bytes_per_k_step_count_codes_and_block_scales_of_each_gated_tile
     gemm1 = dict(regs=125, shared_kb=41.5, programs_per_sm=4, limited_by="registers", waves=2.9,
                  loop_instructions=460, warp_instructions_per_byte=460 * 4 / 8704)
     assert "K loop 460 SASS = 0.211 warp-instr/weight byte (budget 0.245)" in describe(dict(us=230.0, gemm1=gemm1))
+
+
+def test_the_board_is_read_from_nvidia_smi_and_picked_by_torch_s_uuid():
+    """anchors()['gpu']: which H200 a run had and its clocks (the same config measured 599-693 us across loans
+    whose anchors agreed within 1%); the GPU that torch uses is picked from several by its uuid, else nothing."""
+    from harness.bench.report import _board
+    from harness.bench.timing import GPU_STATE_FIELDS, parse_gpu_state
+
+    a = "GPU-1111-aaaa, 00000000:19:00.0, 580.159.04, 1980 MHz, 1980 MHz, 3201 MHz, 118.54 W, 700.00 W, 35, 0x0"
+    b = "GPU-2222-bbbb, 00000000:3B:00.0, 580.159.04, 1755 MHz, 1980 MHz, 3201 MHz, 690.10 W, 700.00 W, 61, 0x4"
+    assert len(a.split(",")) == len(GPU_STATE_FIELDS)
+    assert parse_gpu_state(f"{a}\n{b}\n", uuid="2222-BBBB")["clocks.sm"] == "1755 MHz"
+    assert parse_gpu_state(a)["uuid"] == "GPU-1111-aaaa"
+    assert parse_gpu_state(f"{a}\n{b}") == {}  # two boards, no uuid to choose by: say nothing rather than guess
+    assert parse_gpu_state("") == {} and parse_gpu_state("No devices were found") == {}
+    line = _board(parse_gpu_state(b))
+    assert "GPU-2222-bbbb" in line and "SM clock 1755 MHz (max 1980 MHz)" in line and "throttle reasons 0x4" in line
+    assert _board({}) == ""
