@@ -1,6 +1,7 @@
 """Where the time of the Triton MoE GEMM goes: compile the GEMM1 kernel of each weight path at the
-gpt-oss-120b shape and report registers, spills, shared memory, occupancy, and the SASS instruction mix
-(static counts by class), beside the measured time of the whole forward at 64 tokens.
+gpt-oss-120b shape and report registers, spills, shared memory, occupancy, the SASS instruction mix
+(static counts by class) and the K loop's warp-instructions per weight byte (harness.bench.diagnosis.loop_facts),
+beside the measured time of the whole forward at 64 tokens.
 
     python3 tools/kernel_report.py      # on the GPU; JSON to $OUT/kernel_report.json (or results/)
 """
@@ -17,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from harness.backends import load_backend  # noqa: E402
-from harness.bench.diagnosis import occupancy  # noqa: E402
+from harness.bench.diagnosis import loop_facts, occupancy  # noqa: E402
 from harness.bench.report import finish_tool  # noqa: E402
 from harness.bench import MODEL_SHAPES, capture, copy_bandwidth, device_checkpoint, median_ms, routed_inputs, weight_bytes  # noqa: E402
 
@@ -91,11 +92,15 @@ def main() -> int:
         wq = ckpt.scheme.weight
         tiles = backend.tile_config(64 * shape.top_k, None if wq is None else wq.kind)
         occ = occupancy(regs, smem, tiles["num_warps"])
+        try:  # the K loop's warp-instructions per weight byte, from this launch's own SASS (budget ~0.245)
+            per_byte = loop_facts(k.asm["cubin"], scheme, tiles, ckpt.activation.gated)
+        except Exception as exc:  # noqa: BLE001 - no nvdisasm, or no tensor-core loop found: say so
+            per_byte = dict(loop_error=f"{type(exc).__name__}: {exc}"[:200])
         row = dict(scheme=scheme, backend=name, us=ms * 1e3, pct_copy=100 * weight_bytes(ckpt, ids) / (ms / 1e3) / bw,
                    regs=regs, spills=spills, shared_bytes=smem, blocks_per_sm=occ["programs_per_sm"],
                    warps_per_sm=occ["warps_per_sm"], occupancy_limited_by=occ["limited_by"],
                    sass=sass_mix(sass), sass_head=sass[:300], ptx=ptx_mix(k.asm["ptx"]),
-                   tile=tiles)
+                   tile=tiles, **per_byte)
         rows.append(row)
         print(json.dumps(row), flush=True)
         del prep, ckpt
