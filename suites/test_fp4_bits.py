@@ -221,3 +221,22 @@ def test_every_bitplace_tile_configuration_the_sweep_may_pick_is_exact(scheme, b
     assert backend.prepare(ckpt).constexprs == dict(BITPLACE=True)
     result = compare_backend(backend, ckpt, inputs, out, trace, f"{scheme} tiles")
     assert result.ok, result.message()
+
+
+def test_configure_starts_from_the_base_tiles_not_a_table_row_or_an_earlier_sweep_point(monkeypatch):
+    """tools/tune_moe.py configures sweep point after sweep point and records only the keys it set: an optional
+    key it leaves out must take the kernel's default, not the one-token table row's split_k nor the previous
+    point's mma_steps / maxnreg / split_k (which would run unrecorded)."""
+    from harness.backends import triton_kernels
+    from harness.backends.triton_bitplace import BITPLACE_TILES, TritonBitplaceBackend
+    from harness.backends.triton_emulation import TritonEmulationBackend
+
+    monkeypatch.setattr(triton_kernels, "INTERPRET", False)  # the GPU's tile tables
+    assert BITPLACE_TILES[0][1].get("split_k", 1) > 1, "the one-token row splits K (the case this guards)"
+    for backend in (TritonBitplaceBackend(), TritonEmulationBackend()):
+        assert backend.configure(block_m=16, block_n=64, block_k=128, num_warps=4).tiles.get("split_k", 1) == 1
+        backend.configure(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4, split_k=4, mma_steps=2,
+                          maxnreg=96, w2_block_n=128)
+        tiles = backend.configure(block_m=64, block_n=64, block_k=128, num_warps=4, num_stages=3).tile_config(1, None)
+        assert not {"split_k", "mma_steps", "maxnreg", "w2_block_n"} & set(tiles), (backend.name, tiles)
+        assert tiles["num_stages"] == 3 and tiles["block_m"] == 64

@@ -63,3 +63,25 @@ def test_the_fused_alignment_equals_the_torch_one():
             want = backend._align_torch(ids, experts, bm)
             assert torch.equal(got[0].cpu(), want[0]), (name, bm)
             assert torch.equal(got[1].cpu(), want[1]), (name, bm)
+
+
+def test_the_activation_quantizers_read_bf16_exactly_subnormals_included():
+    """The fused forward hands its bf16 activations to the quantizer kernels with no fp32 copy (they upcast on
+    load): codes, scales and values must be those of the fp32 copy, bf16 subnormals included (the interpreter's
+    own bf16 -> fp32 conversion gets them wrong: Triton 3.9 turned 9.2e-41 into 0)."""
+    from harness.backends.triton_emulation import TritonEmulationBackend
+    from reference.formats import E2M1, E4M3FN
+    from reference.mx import ScaleMode
+
+    backend = TritonEmulationBackend()
+    g = torch.Generator().manual_seed(3)
+    tiny = torch.randn(16, 128, generator=g) * 2.0 ** torch.randint(-140, -118, (16, 1), generator=g).float()
+    x = torch.cat([tiny, torch.randn(4, 128, generator=g)]).to(torch.bfloat16).to(default_device())
+    assert bool(((x.float().abs() < 2.0**-126) & (x != 0)).sum() > 100), "the rows must hold bf16 subnormals"
+    runs = {"MX (E2M1, floor)": lambda a: backend._mx(a, E2M1, ScaleMode.FLOOR, values=True),
+            "NVFP4 (s_dec 2^-126)": lambda a: backend._nvfp4(a, torch.tensor(2.0**-126), values=True),
+            "FP8 E4M3 per 1x128": lambda a: backend._fp8(a, E4M3FN, None, 128, values=True)}
+    for name, run in runs.items():
+        for what, got, want in zip(("codes", "scales", "values"), run(x), run(x.float())):
+            assert torch.equal(got.cpu(), want.cpu()), f"{name}: {what} from bf16 differ from the fp32 copy's"
+        assert bool((run(x)[0].cpu()[:16] != 0).any()) or name.startswith("FP8"), f"{name}: the tiny rows all quantized to 0"

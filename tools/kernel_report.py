@@ -89,8 +89,7 @@ def main() -> int:
             sass = ""
             print(f"no SASS ({exc}); PTX only")
         regs, spills, smem = k.n_regs, k.n_spills, k.metadata.shared
-        wq = ckpt.scheme.weight
-        tiles = backend.tile_config(64 * shape.top_k, None if wq is None else wq.kind)
+        tiles = backend.last_launch["w13"][1]  # the tiles GEMM1 ran with
         occ = occupancy(regs, smem, tiles["num_warps"])
         try:  # the K loop's warp-instructions per weight byte, from this launch's own SASS (budget ~0.245)
             per_byte = loop_facts(k.asm["cubin"], scheme, tiles, ckpt.activation.gated)

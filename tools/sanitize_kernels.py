@@ -50,7 +50,10 @@ def main() -> int:
         ckpt = make_checkpoint(scheme, act, tail.num_experts, tail.hidden_size, tail.intermediate_size, seed=1,
                                with_bias=act == "SWIGLUOAI")
         x, w, ids = case_inputs(tail, 1)
-        out = backend.forward(backend.prepare(ckpt), x.cuda(), w.cuda(), ids.cuda())
+        prep = backend.prepare(ckpt)
+        if backend.name == "triton_bitplace":  # the bit-placement loop, not its fallback to the emulation decode
+            assert prep.constexprs == dict(BITPLACE=True), prep.constexprs
+        out = backend.forward(prep, x.cuda(), w.cuda(), ids.cuda())
         torch.cuda.synchronize()
         print(backend.name, scheme, act, "K tail", tuple(out.shape), bool(torch.isfinite(out).all()))
     x = torch.randn(33, 128, device="cuda")

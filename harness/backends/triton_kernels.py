@@ -79,6 +79,18 @@ def bf16_to_f32(x):
 
 
 @_device
+def _load_f32(ptr, offs, mask):
+    """Values at ptr + offs (masked lanes 0) as fp32, exactly: bf16 through the bits (bf16_to_f32: the
+    interpreter's own conversion gets subnormals wrong), other float dtypes by conversion."""
+    x = tl.load(ptr + offs, mask=mask, other=0.0)
+    if ptr.dtype.element_ty == tl.bfloat16:
+        y = bf16_to_f32(x)
+    else:
+        y = x.to(tl.float32)
+    return y
+
+
+@_device
 def f32_to_bf16(x):
     """A value already on the bf16 grid (round_bf16's output) as bf16, through the bits: exact for
     subnormals under the interpreter too."""
@@ -148,7 +160,7 @@ def mx_quantize_kernel(x_ptr, codes_ptr, scales_ptr, values_ptr, n_rows, n_cols,
     WRITE_VALUES the dequantized values (bf16, exact) for the GEMMs."""
     pid_b = tl.program_id(1)
     rows, mask, offs = _row_block_tile(n_rows, n_cols, 32, 32, BLOCK_M)
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    x = _load_f32(x_ptr, offs, mask)  # bf16 activations or fp32 (the entry points)
     # a block holding NaN or Inf: checked per element (a max may drop NaNs)
     nonfinite = tl.max(((x != x) | (tl.abs(x) == float("inf"))).to(tl.int32), axis=1) > 0
     amax = tl.max(tl.where(nonfinite[:, None], 0.0, tl.abs(x)), axis=1)
@@ -178,7 +190,7 @@ def nvfp4_quantize_kernel(x_ptr, codes_ptr, scales_ptr, values_ptr, s_dec_ptr, n
     WRITE_VALUES stores e2m1 * stored (exact in bf16; s_dec is applied by the GEMM)."""
     pid_b = tl.program_id(1)
     rows, mask, offs = _row_block_tile(n_rows, n_cols, 16, 16, BLOCK_M)
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    x = _load_f32(x_ptr, offs, mask)  # bf16 activations or fp32 (the entry points)
     s_dec = tl.load(s_dec_ptr)
     s_enc = tl.math.div_rn(1.0, s_dec)
     amax = tl.max(tl.abs(x), axis=1)
@@ -208,7 +220,7 @@ def fp8_quantize_kernel(x_ptr, codes_ptr, scale_ptr, values_ptr, n_rows, n_cols,
     at scale_ptr. WRITE_VALUES stores the code values (exact in bf16; the scale is the GEMM's)."""
     pid_b = tl.program_id(1)
     rows, mask, offs = _row_block_tile(n_rows, n_cols, group_size, GROUP, BLOCK_M)
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    x = _load_f32(x_ptr, offs, mask)  # bf16 activations or fp32 (the entry points)
     if DYNAMIC:
         amax = tl.max(tl.abs(x), axis=1)
         s = tl.maximum(tl.math.div_rn(amax, fmax), min_scale)

@@ -49,10 +49,11 @@ def write_bench_report(rows: list[dict], anchors: dict, out_dir) -> dict:
 
 
 def _board(gpu: dict) -> str:
-    """The board and its state when the run began (harness.bench.timing.gpu_state), one line."""
+    """The board and its state when the run's anchors were measured (harness.bench.timing.gpu_state), one line."""
     if not gpu:
         return ""
-    return (f"Board {gpu.get('uuid', '?')} at {gpu.get('pci.bus_id', '?')}, driver {gpu.get('driver_version', '?')}: "
+    return (f"Board {gpu.get('uuid', '?')} at {gpu.get('pci.bus_id', '?')}, driver {gpu.get('driver_version', '?')}; "
+            f"when the anchors were measured: "
             f"SM clock {gpu.get('clocks.sm', '?')} (max {gpu.get('clocks.max.sm', '?')}), memory clock "
             f"{gpu.get('clocks.mem', '?')}, power {gpu.get('power.draw', '?')} of {gpu.get('power.limit', '?')}, "
             f"{gpu.get('temperature.gpu', '?')} C, throttle reasons {gpu.get('clocks_throttle_reasons.active', '?')}")

@@ -135,14 +135,14 @@ def gpu_state() -> dict:
 
 
 @functools.lru_cache(maxsize=1)
-def _gpu_state_at_start() -> tuple:
+def _gpu_state_once() -> tuple:
     return tuple(gpu_state().items())
 
 
 def anchors() -> dict:
-    """The run's reference points (measured now, on this GPU), and which board it is and its state when the
-    run began."""
+    """The run's reference points (measured now, on this GPU), and which board it is and its state right after
+    they were first measured (clocks and power of a warm GPU)."""
     if not has_gpu():
         return {}
     return dict(device=torch.cuda.get_device_name(0), torch=torch.__version__,
-                copy_tb_s=copy_bandwidth() / 1e12, dense_bf16_tflops=dense_bf16_tflops(), gpu=dict(_gpu_state_at_start()))
+                copy_tb_s=copy_bandwidth() / 1e12, dense_bf16_tflops=dense_bf16_tflops(), gpu=dict(_gpu_state_once()))
