@@ -138,7 +138,7 @@ def evaluate_activation(h: torch.Tensor, act, structure: NumericalStructure, exa
     if not act.gated:
         y_pre = phi.double()
         return y_pre, y_pre, round_to(y_pre, structure.act_out, keep)
-    if structure.activation is ActivationEval.GATE_ROUNDED:
+    if structure.activation_eval(act) is ActivationEval.GATE_ROUNDED:
         phi_pre = phi.double()
         phi = round_to(phi_pre, structure.act_out, keep).to(phi.dtype)
         y_pre = (phi * psi).double()
@@ -201,7 +201,7 @@ def fused_moe(
         z_pre[rows], z[rows] = ze, round_to(ze, st.gemm2_out, keep)
     term = z * pair_weight[:, None] if st.router_weight is RouterWeight.AFTER_GEMM2_ROUNDING else z
     terms = term.reshape(t, k, hsz)
-    if st.topk_sum is TopKSum.SEQUENTIAL:
+    if st.topk_sum.for_top_k(k) is TopKSum.SEQUENTIAL:
         acc_pre = torch.empty_like(terms)
         acc = torch.zeros(t, hsz, dtype=torch.float64)
         for j in range(k):

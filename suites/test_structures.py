@@ -26,8 +26,8 @@ from reference.checkpoints import make_checkpoint
 from reference.fp8 import ScaleApply
 from reference.moe import fused_moe
 from reference.schemes import SCHEMES
-from reference.structure import (DEFAULT_STRUCTURE, STRUCTURES, NumericalStructure, Precision, RouterWeight,
-                                 TopKSum, structure_by_name)
+from reference.structure import (DEFAULT_STRUCTURE, STRUCTURES, ActivationEval, ActivationRule, NumericalStructure,
+                                 Precision, RouterWeight, TopKSum, structure_by_name)
 
 FIELDS = ("gemm1_out", "act_out", "gemm2_out", "router_weight", "activation", "topk_sum", "fp8_static_scale")
 CASES = (("w_mxfp4", "SILU"), ("w_fp8_a_fp8_block", "RELU2_NO_MUL"), ("bf16", "SWIGLUOAI"), ("w_nvfp4_a_nvfp4", "GELU"))
@@ -88,6 +88,8 @@ def test_an_independent_emulation_of_each_structure_passes_the_hypothesis_run(na
 def _equivalent(structure: NumericalStructure, other: NumericalStructure, top_k: int) -> str | None:
     """Why two structures compute the same values here (then no comparison can tell them apart)."""
     fp32_terms = structure.gemm2_out is Precision.FP32 and other.gemm2_out is Precision.FP32
+    if structure.topk_sum is not other.topk_sum and structure.topk_sum.for_top_k(top_k) is other.topk_sum.for_top_k(top_k):
+        return f"the same sum at top_k = {top_k} (vLLM's moe_sum is sequential for top_k 2-4)"
     if structure.topk_sum is not other.topk_sum and (top_k == 1 or fp32_terms):
         return "one term: nothing to sum" if top_k == 1 else "a sequential fp32 sum is one order of an fp32 sum"
     unweighted = RouterWeight.AFTER_GEMM2_ROUNDING not in (structure.router_weight, other.router_weight)
@@ -110,7 +112,10 @@ def test_changing_any_field_of_a_structure_is_caught(name, field):
     for alternative in type(current):
         if alternative is current:
             continue
-        other = dataclasses.replace(structure, name=f"{name}[{field}={alternative.name}]", **{field: alternative})
+        # changing the activation field is the old one-flag-for-all: the default, with no per-activation rules
+        rules = dict(activation_rules=()) if field == "activation" else {}
+        other = dataclasses.replace(structure, name=f"{name}[{field}={alternative.name}]", **{field: alternative},
+                                    **rules)
         if (other.max_top_k or top_k) < top_k or _equivalent(structure, other, top_k):
             continue
         cases = [("w_fp8_a_fp8", "SILU")] if field == "fp8_static_scale" else CASES
@@ -122,6 +127,57 @@ def test_changing_any_field_of_a_structure_is_caught(name, field):
         assert any(caught), f"{other.name}: a kernel computing it passes as {name} on {cases}"
         checked += 1
     assert checked or field in ("topk_sum", "router_weight"), f"no alternative of {field} was checked"
+
+
+@pytest.mark.parametrize("name", [n for n, s in STRUCTURES.items() if s.activation_rules])
+def test_flipping_any_gated_activation_rule_is_caught(name):
+    """Each per-activation rule matters: a kernel that rounds the gate where the rule says once (or the
+    reverse) fails that activation's case."""
+    structure = STRUCTURES[name]
+    for rule in structure.activation_rules:
+        if not ACTIVATIONS[rule.activation].gated:
+            continue
+        flipped = next(e for e in type(rule.evaluation) if e is not rule.evaluation)
+        other = dataclasses.replace(structure, name=f"{name}[{rule.activation}={flipped.name}]", activation_rules=tuple(
+            dataclasses.replace(r, evaluation=flipped) if r is rule else r for r in structure.activation_rules))
+        assert other.activation_eval(ACTIVATIONS[rule.activation]) is flipped
+        caught = []
+        for seed in range(3):
+            ckpt, (x, w, ids), out, trace = _run(structure, "bf16", rule.activation, seed=seed)
+            got = moe_emulation(x, ckpt, w, ids, structure=other, operand_dtype=torch.float32)
+            caught.append(not compare(out, got, moe_error_bound(trace, ckpt), other.name).ok)
+        assert any(caught), f"{other.name}: a kernel computing it passes as {name}"
+
+
+def test_vllm_moe_sum_is_sequential_up_to_top_k_4_and_fp32_above():
+    """vLLM's moe_sum: moe_sum_kernel<TOPK> (a bf16 running sum) for top_k 2-4, at::sum_out (fp32) otherwise.
+    At top_k 8 the sequential bf16 sum is caught against it, and an fp32 sum passes."""
+    assert [TopKSum.MOE_SUM.for_top_k(k) for k in (1, 2, 4, 5, 8)] == [
+        TopKSum.FP32, TopKSum.SEQUENTIAL, TopKSum.SEQUENTIAL, TopKSum.FP32, TopKSum.FP32]
+    structure = STRUCTURES["vllm_triton"]
+    shape = dataclasses.replace(SHAPES["cpu"], num_experts=8, top_k=8, tokens=6)
+    ckpt = make_checkpoint("bf16", "SILU", 8, shape.hidden_size, shape.intermediate_size, seed=1, with_bias=True)
+    x, w, ids = case_inputs(shape, 1)
+    out, trace = fused_moe(x, ckpt, w, ids, structure=structure, trace=True)
+    bound = moe_error_bound(trace, ckpt)
+    for topk_sum, should_pass in ((TopKSum.FP32, True), (TopKSum.SEQUENTIAL, False)):
+        other = dataclasses.replace(structure, name=f"moe_sum_as_{topk_sum.name}", topk_sum=topk_sum)
+        got = moe_emulation(x, ckpt, w, ids, structure=other, operand_dtype=torch.float32)
+        assert compare(out, got, bound, other.name).ok is should_pass, other.name
+
+
+def test_every_vllm_activation_rule_names_its_source_and_covers_every_activation():
+    for name in ("vllm_triton", "vllm_triton_weight_on_input"):
+        rules = STRUCTURES[name].activation_rules
+        assert sorted(r.activation for r in rules) == sorted(ACTIVATIONS), name
+        assert all(len(r.source) > 20 for r in rules)
+    with pytest.raises(ValueError, match="ActivationRule.activation must be one of"):
+        ActivationRule("SWIGLU", ActivationEval.FP32, "nowhere")
+    with pytest.raises(ValueError, match="must name where the rule was read"):
+        ActivationRule("SILU", ActivationEval.FP32, " ")
+    rule = ActivationRule("SILU", ActivationEval.FP32, "a test")
+    with pytest.raises(ValueError, match="names an activation twice"):
+        NumericalStructure("twice", activation_rules=(rule, rule))
 
 
 def test_a_structure_is_validated_field_by_field():
@@ -163,6 +219,7 @@ def test_the_structures_are_distinct_and_described():
     fields = [tuple(getattr(s, f) for f in FIELDS) for s in records]
     assert len(set(fields)) == len(records)
     assert all(s.description for s in records)
-    assert {s.topk_sum for s in records} == set(TopKSum) and {s.router_weight for s in records} == set(RouterWeight)
+    sums = {s.topk_sum for s in records} | {s.topk_sum.for_top_k(k) for s in records for k in (1, 3, 8)}
+    assert sums == set(TopKSum) and {s.router_weight for s in records} == set(RouterWeight)
     assert {s.fp8_static_scale for s in records} == set(ScaleApply)
     assert all(isinstance(v, enum.Enum) for s in records for v in (getattr(s, f) for f in FIELDS))

@@ -69,7 +69,7 @@ def moe_emulation(
         return x.to(precision.dtype).float()
 
     def activation(h: torch.Tensor) -> torch.Tensor:
-        if st.activation is ActivationEval.GATE_ROUNDED and ckpt.activation.gated:
+        if st.activation_eval(ckpt.activation) is ActivationEval.GATE_ROUNDED and ckpt.activation.gated:
             phi, psi = gate_and_up(h, ckpt.activation)
             return store(store(phi, st.act_out) * psi, st.act_out)
         return store(apply_activation(h, ckpt.activation), st.act_out)
@@ -101,7 +101,7 @@ def moe_emulation(
         z = store(z, st.gemm2_out)
         terms[rows] = z * flat_w[rows] if st.router_weight is RouterWeight.AFTER_GEMM2_ROUNDING else z
     terms = terms.reshape(t, k, hsz)
-    if st.topk_sum is TopKSum.SEQUENTIAL:  # in top-k order, rounded to the intermediate dtype after each add
+    if st.topk_sum.for_top_k(k) is TopKSum.SEQUENTIAL:  # in top-k order, rounded to the intermediate dtype after each add
         acc = terms[:, 0].to(st.gemm2_out.dtype)
         for j in range(1, k):
             acc = (acc.float() + terms[:, j]).to(st.gemm2_out.dtype)

@@ -382,7 +382,7 @@ def moe_error_bound(trace: MoETrace, ckpt: MoECheckpoint, operand_dtype: torch.d
     weighted_here = rw is RouterWeight.AFTER_GEMM2_ROUNDING  # the sum multiplies w z itself, in fp32
     d_term = (trace.pair_weight.abs()[:, None] * d_z if weighted_here else d_z).reshape(t, k, hsz)
     term = trace.term.abs().reshape(t, k, hsz)
-    if st.topk_sum is TopKSum.SEQUENTIAL:
+    if st.topk_sum.for_top_k(k) is TopKSum.SEQUENTIAL:
         # acc_j = rnd(acc_{j-1} + term_j) in top-k order: each add is one rounding, monotone in its input
         d = torch.zeros(t, hsz, dtype=torch.float64)
         for j in range(k):
@@ -408,7 +408,7 @@ def _activation_deviation(h, d_h, phi_pre, act, st) -> torch.Tensor:
     # both the kernel's and the reference's fp32 evaluations err by up to EVAL_ULPS of the larger of
     # |phi| and |g| (the |g| covers the cancellation in 1 + tanh / 1 + erf for large negative g)
     d_eval = 2 * EVAL_ULPS * U_FP32 * (phi.abs() + g.abs())
-    if act.gated and st.activation is ActivationEval.GATE_ROUNDED:
+    if act.gated and st.activation_eval(act) is ActivationEval.GATE_ROUNDED:
         d_phi = _through_rounding(d_phi + d_eval, phi_pre, st.act_out)
         phi = round_to(phi_pre, st.act_out)
         d_eval = 2 * EVAL_ULPS * U_FP32 * phi.abs()  # psi's evaluation and the fp32 product
