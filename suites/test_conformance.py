@@ -9,9 +9,9 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, note, settings, target
 from hypothesis import strategies as st
 
-from harness.backends import Declined
-from harness.core.conformance import (ROUTINGS, conformance_cases, default_shape, quantizer_cases, quantizer_property,
-                                 run_case, run_drawn_case)
+from harness.backends import Declined, known_failure_for
+from harness.core.conformance import (ROUTINGS, case_problem, conformance_cases, default_shape, quantizer_cases,
+                                 quantizer_property, run_case, run_drawn_case)
 from harness.platforms import PLATFORMS, detect_platform
 from harness.outputs.report import CASE_PROPERTY, case_properties
 from harness.outputs.repro import write_case_repro
@@ -28,6 +28,15 @@ def test_conformance(conformance_case, backends, record_property, request):
     except Declined as declined:  # a declared limitation, reported, never a wrong answer
         pytest.skip(str(declined))
     record_property(CASE_PROPERTY, case_properties(result))  # for the report (harness.outputs.pytest_plugin)
+    problem, _, _ = case_problem(backend, conformance_case.scheme, conformance_case.activation,
+                                 conformance_case.platform, _shape())
+    known = known_failure_for(backend, conformance_case.scheme.name, problem.has_bias)
+    if known:  # strict: a pass means the upstream fix has landed and the record must go
+        if result.ok:
+            pytest.fail(f"{conformance_case.id} passes, declared a known failure ({known.reason}): either the upstream "
+                        f"fix has landed ({known.upstream}) and the record must go, or this case no longer catches "
+                        f"the bug (margin {result.max_ratio:.2f} of the bound)")
+        pytest.xfail(f"known failure of {backend.name}: {known.reason} ({known.upstream})\n{result.message()}")
     repro_dir = request.config.getoption("--repro")
     if not result.ok and repro_dir:
         spec = request.config.moe_backend_specs.get(backend.name, backend.name)
@@ -38,9 +47,16 @@ def test_conformance(conformance_case, backends, record_property, request):
 
 def runnable_cases(backend):
     """(scheme, activation, platform) combinations the conformance suite runs for this backend here (the
-    one decision: harness.core.conformance.skip_reason)."""
-    return [(case.scheme.name, case.activation.name, case.platform.name)
-            for case, reason in conformance_cases({backend.name: backend}) if reason is None]
+    one decision: harness.core.conformance.skip_reason), less the declared known failures (the explicit
+    cases run those)."""
+    out = []
+    for case, reason in conformance_cases({backend.name: backend}):
+        if reason is not None:
+            continue
+        problem, _, _ = case_problem(backend, case.scheme, case.activation, case.platform, _shape())
+        if not known_failure_for(backend, case.scheme.name, problem.has_bias):
+            out.append((case.scheme.name, case.activation.name, case.platform.name))
+    return out
 
 
 @pytest.fixture

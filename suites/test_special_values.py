@@ -11,7 +11,7 @@ import dataclasses
 import pytest
 import torch
 
-from harness.backends import Declined, backend_known_failures, backend_structure
+from harness.backends import Declined, backend_known_failures, backend_structure, known_failure_for
 from harness.core.conformance import (ConformanceCase, case_checkpoint, backend_shape, case_inputs, case_problem, compare_backend,
                                  default_shape, skip_reason)
 from harness.backends.emulation import moe_emulation
@@ -81,14 +81,14 @@ def test_special_values_through_backends(backend_name, backends, special):
     host = detect_platform()
     shape = backend_shape(backend, default_shape(host))
     structure = backend_structure(backend)
-    ran, declined, failed = [], [], []
+    ran, declined, failed, expected = [], [], [], []
     for scheme in special.schemes:
         case = ConformanceCase(backend_name, host, scheme_by_name(scheme), activation_by_name(ACT))
         if skip_reason(backend, case, host):  # the suite's one decision
             continue
         problem, _, _ = case_problem(backend, case.scheme, case.activation, host, shape)
-        ckpt, inputs, out, trace = _special_run(special, scheme, structure, shape,
-                                                problem.has_bias and special.biased)
+        has_bias = problem.has_bias and special.biased
+        ckpt, inputs, out, trace = _special_run(special, scheme, structure, shape, has_bias)
         if special.poison_padding:
             inputs = poisoned_inputs(*inputs, device=getattr(backend, "device", "cpu"))
         what = f"{scheme}/{ACT}/{backend_name}/{host.name}/{special.name}"
@@ -98,14 +98,19 @@ def test_special_values_through_backends(backend_name, backends, special):
             declined.append(f"{scheme}: {exc}")
             continue
         ran.append(scheme)
-        if not result.ok:
+        record = known or known_failure_for(backend, scheme, has_bias)
+        if record:
+            expected.append((scheme, record, result))
+        elif not result.ok:
             failed.append(result.message())
-    if known and ran:
-        if not failed:
-            pytest.fail(f"{backend_name} passes {special.name} on {ran}, declared a known failure ({known.reason}): "
-                        f"the upstream fix has landed ({known.upstream}); remove the record")
-        pytest.xfail(f"known failure of {backend_name}: {known.reason} ({known.upstream})")
     assert not failed, "\n".join(failed)
+    if expected:
+        record = expected[0][1]
+        if all(r.ok for _, _, r in expected):
+            pytest.fail(f"{backend_name} passes {special.name} on {[s for s, _, _ in expected]}, declared a known "
+                        f"failure ({record.reason}): either the upstream fix has landed ({record.upstream}) and the "
+                        "record must go, or this case no longer catches the bug")
+        pytest.xfail(f"known failure of {backend_name}: {record.reason} ({record.upstream})")
     if not ran:
         pytest.skip(f"{backend_name} runs none of {special.schemes} here" +
                     (f"; declined: {'; '.join(declined)}" if declined else ""))

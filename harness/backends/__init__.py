@@ -10,11 +10,12 @@ from importlib.metadata import entry_points
 
 from .base import (Backend, Declined, Problem, backend_accumulation_error, backend_available,
                    backend_intermediate_multiple, backend_operand_dtype,
-                   backend_known_failures, backend_prepare, backend_structure, checked_supports, KnownFailure)
+                   backend_known_failures, backend_prepare, backend_structure, checked_supports, KnownFailure,
+                   known_failure_for)
 
 __all__ = ["BUILTIN_BACKENDS", "BACKEND_NAME", "ENTRY_POINT_GROUP", "load_backend", "registered_backends", "Backend", "Problem",
            "backend_available", "backend_operand_dtype", "backend_accumulation_error", "backend_structure",
-           "backend_prepare", "Declined", "checked_supports", "KnownFailure", "backend_known_failures",
+           "backend_prepare", "Declined", "checked_supports", "KnownFailure", "backend_known_failures", "known_failure_for",
            "backend_intermediate_multiple"]
 
 BUILTIN_BACKENDS: dict[str, str] = {
@@ -29,6 +30,8 @@ BUILTIN_BACKENDS: dict[str, str] = {
     "torch_scaled_grouped_mm": "harness.backends.torch_grouped_mm:make_fp8_backend",
     "jax_ragged_dot": "harness.backends.jax_ragged_dot:make_backend",
     "triton_bitplace": "harness.backends.triton_bitplace:make_backend",
+    "vllm_fused_moe@0.33.0": "harness.backends.vllm_fused_moe:make_release_0_33_0",
+    "vllm_fused_moe@0.13.0": "harness.backends.vllm_fused_moe:make_release_0_13_0",
 }
 ENTRY_POINT_GROUP = "moe_conformance.backends"
 

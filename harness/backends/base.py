@@ -45,7 +45,7 @@ from reference.structure import DEFAULT_STRUCTURE, NumericalStructure, structure
 __all__ = ["Problem", "Backend", "backend_operand_dtype", "backend_accumulation_error", "backend_available",
            "backend_intermediate_multiple",
            "backend_structure", "backend_prepare", "Declined", "checked_supports", "KnownFailure",
-           "backend_known_failures"]
+           "backend_known_failures", "known_failure_for"]
 
 
 @dataclass(frozen=True)
@@ -117,17 +117,35 @@ def backend_available(backend, platform) -> tuple[bool, str]:
 
 @dataclass(frozen=True)
 class KnownFailure:
-    """A special-value case (harness.inputs.special_values) a backend is known to get wrong, as data: the
-    suite runs it with the backend's guard off and expects the failure (strict: a pass means the upstream
-    bug is fixed and the record must go)."""
+    """Cases a backend is known to get wrong, as data: the suites run them and expect the failure (strict: a
+    pass means the upstream bug is fixed and the record must go). Either one special-value case
+    (harness.inputs.special_values), run with the backend's guard off, or every conformance and special-value
+    case of `schemes`, with biases (biased=True), without (False) or both (None)."""
 
-    special: str  # SpecialCase.name
+    special: str | None  # SpecialCase.name; None: every case of `schemes`
     reason: str
     upstream: str  # where it is tracked or what fixes it
+    schemes: tuple[str, ...] = ()
+    biased: bool | None = None
+
+    def __post_init__(self):
+        if self.special is None and not self.schemes:
+            raise ValueError("KnownFailure: name a special-value case or the schemes whose cases fail")
+
+    def covers(self, scheme: str, has_bias: bool, special: str | None = None) -> bool:
+        if self.special is not None:
+            return special == self.special
+        return scheme in self.schemes and (self.biased is None or self.biased == has_bias)
 
 
 def backend_known_failures(backend) -> dict[str, KnownFailure]:
-    return {k.special: k for k in getattr(backend, "known_failures", ())}
+    """The special-value records, by special case name."""
+    return {k.special: k for k in getattr(backend, "known_failures", ()) if k.special is not None}
+
+
+def known_failure_for(backend, scheme: str, has_bias: bool, special: str | None = None) -> KnownFailure | None:
+    """The record that declares this case a known failure, if any."""
+    return next((k for k in getattr(backend, "known_failures", ()) if k.covers(scheme, has_bias, special)), None)
 
 
 class Declined(Exception):
