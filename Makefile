@@ -9,7 +9,7 @@ PYTEST := $(PY) -m pytest -p no:cacheprovider
 # On a machine that brings its own torch (the GPU images): make conformance PY=python3 SETUP=
 SETUP  ?= $(STAMP)
 
-.PHONY: test conformance bench browser catalog formats bench-reference clean
+.PHONY: test conformance bench browser catalog formats bench-reference clean third-party
 
 # torch==2.13.0 (pinned in pyproject) is the CPU wheel this machine keeps on local disk; pip finds it there.
 $(STAMP): pyproject.toml
@@ -18,8 +18,14 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[test,torchao,jax]'
 	touch $(STAMP)
 
+# Pinned third-party kernels (vLLM releases; harness/third_party.py): `pip download --no-deps` of each wheel into
+# .third_party/ (git-ignored), only the Python/Triton files kept. Never fails the build: a source that could not be
+# fetched (no network, as on the GPU hosts: carry .third_party/ there) is a skip with that reason in the suites.
+third-party: $(SETUP)
+	-$(PY) -c 'import sys, harness.third_party as t; sys.exit(t.main())'
+
 # The HTML report is checked in a real browser: Debian's chromium, installed here when missing.
-test: $(SETUP) browser
+test: $(SETUP) browser third-party
 	MOE_CONFORMANCE_REQUIRE_BROWSER=1 $(PYTEST) --hypothesis-profile=ci -q -n auto
 
 # This machine's platform (cpu, sm90, ...) decides the cases: `pytest -m <platform>`. The report
@@ -28,7 +34,7 @@ test: $(SETUP) browser
 # benchmarks, which make bench runs; many examples, database written).
 PROFILE ?= ci
 SUITES  ?= suites/test_conformance.py suites/test_parallel_conformance.py
-conformance: $(SETUP)
+conformance: $(SETUP) third-party
 	rm -rf report && mkdir -p report
 	$(PYTEST) $(SUITES) --hypothesis-profile=$(PROFILE) -n auto \
 		-m "$$($(PY) -m harness platforms --host)" --report=report --junitxml=report/junit.xml
@@ -59,4 +65,4 @@ bench-reference: $(SETUP)
 	$(PY) -m harness bench-reference
 
 clean:
-	rm -rf $(VENV) .hypothesis report bench *.egg-info
+	rm -rf $(VENV) .hypothesis report bench *.egg-info .third_party

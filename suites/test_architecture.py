@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # lowest first: a module may import from its own layer and below
 LAYERS = (
     ("reference",),
-    ("harness.platforms", "harness.inputs"),
+    ("harness.platforms", "harness.inputs", "harness.third_party"),
     ("harness.backends", "harness.peers"),
     ("harness.core",),
     ("harness.detection", "harness.bench", "harness.parallel"),
