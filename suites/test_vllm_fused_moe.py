@@ -1,0 +1,115 @@
+"""vLLM's released fused MoE under test (harness.backends.vllm_fused_moe), and the pinned-source machinery
+behind it (harness.third_party). The conformance and special-value suites run both releases like every
+backend; this file checks what only they have: the adapter's facts against the fetched source, the release
+pair (the FP8 bias bug in 0.13.0 and nothing else; 0.33.0 clean), the routing glue, and the loader."""
+
+from __future__ import annotations
+
+import ast
+import re
+
+import pytest
+import torch
+
+from harness import third_party
+from harness.backends import backend_structure, load_backend
+from harness.backends.vllm_fused_moe import RELEASES, VllmFusedMoE
+from harness.core.conformance import SHAPES, compare_backend, reference_run
+from harness.platforms import PLATFORMS, detect_platform
+from reference.activations import ACTIVATIONS
+
+HOST = detect_platform()
+pytestmark = [getattr(pytest.mark, p) for p in PLATFORMS]  # facts about the adapter hold on every platform
+
+
+def _source(version: str):
+    folder = third_party.source_dir(RELEASES[version].source)
+    if folder is None:
+        pytest.skip(third_party.missing_reason(RELEASES[version].source))
+    return folder
+
+
+def _source_activations(version: str) -> set[str]:
+    """The activations the release's fused_experts_impl dispatches, read from its own files."""
+    folder = _source(version)
+    activation_py = folder / "vllm/model_executor/layers/fused_moe/activation.py"
+    if activation_py.is_file():  # 0.33: apply_moe_activation's _APPLY_MOE_ACTIVATIONS
+        tree = ast.parse(activation_py.read_text())
+        node = next(n for n in tree.body if isinstance(n, ast.Assign)
+                    and any(getattr(t, "id", "") == "_APPLY_MOE_ACTIVATIONS" for t in n.targets))
+        return {a.attr for a in ast.walk(node.value) if isinstance(a, ast.Attribute) and a.attr.isupper()}
+    text = (folder / "vllm/model_executor/layers/fused_moe/fused_moe.py").read_text()
+    body = text[text.index("def fused_experts_impl("):]
+    body = body[: body.index("\ndef ", 1)]
+    return ({m.upper() for m in re.findall(r'activation == "(\w+)"', body)}
+            | set(re.findall(r"activation == (\w+_NO_MUL)\b", body)))
+
+
+@pytest.mark.parametrize("version", sorted(RELEASES))
+def test_each_release_supports_the_activations_its_source_dispatches(version):
+    in_source = _source_activations(version)
+    ours = in_source & set(ACTIVATIONS)  # SWIGLUOAI_UNINTERLEAVE (packed gpt-oss layout) has no record here
+    assert in_source - ours <= {"SWIGLUOAI_UNINTERLEAVE"}, in_source - ours
+    assert RELEASES[version].activations == ours, (RELEASES[version].activations ^ ours)
+
+
+def _run(version, scheme, act, bias):
+    backend = load_backend(f"vllm_fused_moe@{version}")
+    ok, why = backend.available(HOST)
+    if not ok:
+        pytest.skip(why)
+    shape = SHAPES["gpu" if HOST.is_gpu else "cpu"]
+    ckpt, inputs, out, trace = reference_run(scheme, act, HOST.fp8_format.name, shape, 0, backend_structure(backend),
+                                             bias)
+    return compare_backend(backend, ckpt, inputs, out, trace, f"{scheme}/{act}/{backend.name}/bias={bias}")
+
+
+@pytest.mark.parametrize("act", sorted(RELEASES["0.13.0"].activations & RELEASES["0.33.0"].activations))
+def test_the_release_pair_differs_only_in_the_biased_per_tensor_fp8_cases(act):
+    """0.13.0 adds the bias before the per-tensor FP8 scales (fixed by vLLM PR 31676 in 0.14.0): its biased
+    w_fp8_a_fp8 case fails, the same case without biases passes; 0.33.0 passes both; the block-FP8 path
+    (scales applied inside the K loop, the bias after) passes in both."""
+    if HOST.is_gpu:
+        pytest.skip("at the GPU shape the bound hides the bias bug in most activations (issue 24: the FP8 "
+                    "re-quantization allowance grows with K); results/gpu-issue23 records it")
+    assert not _run("0.13.0", "w_fp8_a_fp8", act, True).ok
+    for version, scheme, bias in (("0.13.0", "w_fp8_a_fp8", False), ("0.33.0", "w_fp8_a_fp8", True),
+                                  ("0.33.0", "w_fp8_a_fp8", False), ("0.13.0", "w_fp8_a_fp8_block", True)):
+        result = _run(version, scheme, act, bias)
+        assert result.ok, result.message()
+
+
+def test_routing_glue_follows_moe_align_block_size():
+    """Pairs grouped by expert in index order, each expert's run padded to BLOCK_SIZE_M with the sentinel
+    T*k, one expert id per block, num_tokens_post_padded the padded total; 0.33's naive path (one pair per
+    block) when T*k*4 <= E."""
+    backend = VllmFusedMoE("0.33.0")
+    ids = torch.tensor([[2, 3, 0], [1, 2, 0], [1, 3, 0], [1, 2, 3]], dtype=torch.int32)
+    if third_party.source_dir(backend.release.source) is None:
+        pytest.skip(third_party.missing_reason(backend.release.source))
+    sorted_ids, expert_ids, padded = backend._assign(ids, 4, 5, 4, 3)
+    assert int(padded) == 16
+    assert sorted_ids[:16].tolist() == [2, 5, 8, 12, 3, 6, 9, 12, 0, 4, 10, 12, 1, 7, 11, 12]
+    assert expert_ids[:4].tolist() == [0, 1, 2, 3]
+    assert bool((sorted_ids[16:] == 12).all())
+    naive_ids, experts, total = backend._assign(torch.tensor([[3]], dtype=torch.int32), 16, 8, 1, 1)
+    assert naive_ids is None and experts.tolist() == [3] and int(total) == 16
+
+
+def test_cutting_a_function_names_what_it_needs_that_is_not_there(tmp_path):
+    src = tmp_path / "mod.py"
+    src.write_text("import triton\n\n@triton.jit\ndef helper(x):\n    return x\n\n\n@triton.jit\n"
+                   "def kernel(p):\n    y = helper(p)\n    return other(y)\n\n\ndef other(z):\n    return some_global(z)\n")
+    cut = third_party._cut(src, ("helper",), {"triton", "tl"})
+    assert [name for name, _ in cut] == ["helper"] and cut[0][1].startswith("@triton.jit")
+    with pytest.raises(ValueError, match=r"kernel -> other uses 'some_global', which is neither a function"):
+        third_party._cut(src, ("kernel",), {"triton", "tl"})
+
+
+def test_a_missing_source_is_a_skip_that_says_how_to_fetch_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("MOE_CONFORMANCE_THIRD_PARTY", str(tmp_path))
+    backend = VllmFusedMoE("0.33.0")
+    ok, why = backend.available(PLATFORMS["cpu"])
+    assert not ok and "vllm==0.33.0 is not in" in why and "make third-party" in why
+    (tmp_path / "vllm-0.33.0.fetch-failed").write_text("pip download ...\nERROR: No matching distribution\n")
+    assert "the last fetch failed: ERROR: No matching distribution" in third_party.missing_reason("vllm-0.33.0")
