@@ -200,6 +200,71 @@ def _parallel(args) -> int:
     return 1 if failed else 0
 
 
+def _model_shapes(args) -> int:
+    """Conformance at the layer shapes real models have (harness.inputs.model_shapes), all experts' weights
+    built: per (model/TP share, tokens, scheme) the verdict and the largest fraction of the bound used."""
+    import time
+
+    import torch
+
+    from harness.backends import Declined, backend_structure, load_backend
+    from harness.core.conformance import Shape, case_inputs, case_problem, compare_backend
+    from harness.inputs.model_shapes import MODEL_LAYERS, model_case_shapes
+    from harness.platforms import detect_platform
+    from reference.activations import ACTIVATIONS
+    from reference.checkpoints import make_checkpoint
+    from reference.moe import fused_moe
+    from reference.schemes import SCHEMES
+
+    host = detect_platform()
+    failed = passed = skipped = 0
+    for name in args.backend:
+        backend = load_backend(name)
+        structure = backend_structure(backend)
+        ckpts: dict = {}
+        for case, layer, fields in model_case_shapes(args.model, args.tp, tuple(args.tokens)):
+            shape = Shape(*fields)
+            act = args.activation or layer.activation
+            for scheme in args.scheme or list(SCHEMES):
+                what = f"{case}/{scheme}/{act}/{name}"
+                problem, ok, reason = case_problem(backend, SCHEMES[scheme], ACTIVATIONS[act], host, shape)
+                if ok:
+                    ok, reason = getattr(backend, "available", lambda p: (True, ""))(host)
+                if not ok:
+                    skipped += 1
+                    if args.scheme:
+                        print(f"skipped  {what}: {reason}")
+                    continue
+                key = (shape.num_experts, shape.hidden_size, shape.intermediate_size, scheme, act, problem.has_bias)
+                if key not in ckpts:
+                    ckpts.clear()  # one model's weights at a time (gpt-oss-120b MXFP4: ~4 GB while built)
+                    try:
+                        ckpts[key] = make_checkpoint(scheme, act, *key[:3], seed=0, with_bias=problem.has_bias)
+                    except ValueError as exc:  # the scheme's block does not divide this share (vLLM pads it)
+                        skipped += 1
+                        print(f"skipped  {what}: {exc}")
+                        continue
+                ckpt = ckpts[key]
+                start = time.perf_counter()
+                x, w, ids = case_inputs(shape, 0)
+                out, trace = fused_moe(x, ckpt, w, ids, structure=structure, trace=True)
+                try:
+                    r = compare_backend(backend, ckpt, (x, w, ids), out, trace, what)
+                except Declined as exc:
+                    skipped += 1
+                    print(f"skipped  {what}: {exc}")
+                    continue
+                failed += not r.ok
+                passed += r.ok
+                print(f"{'passed' if r.ok else 'FAILED':<8} {what}: {r.max_ratio:.3f} of the bound, worst "
+                      f"{r.worst_ulps:.3g} ulp ({time.perf_counter() - start:.1f}s)"
+                      + ("" if r.ok else "\n    " + r.message().splitlines()[0]), flush=True)
+            torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    print(f"{passed} passed, {failed} failed, {skipped} (case, scheme) pairs not supported or declined; models: "
+          f"{', '.join(args.model or MODEL_LAYERS)}")
+    return 1 if failed else 0
+
+
 def _matrix(_args) -> int:
     from harness.outputs.matrix import nightly_matrix_json
 
@@ -216,6 +281,7 @@ COMMANDS = {
     "backends": (_backends, "every registered backend: its structure, what it supports per platform, whether it runs here"),
     "matrix": (_matrix, "the nightly GPU CI matrix (JSON for GitHub Actions' strategy.matrix), from the platform data"),
     "bench-reference": (_bench_reference, "CPU throughput of the reference quantizers"),
+    "model-shapes": (_model_shapes, "conformance at real models' layer shapes (TP shares, 1/8/64 tokens), all experts built"),
     "parallel": (_parallel, "sharded (TP/EP) conformance: simulated, or one process per rank over NCCL/gloo"),
 }
 
@@ -255,6 +321,15 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--scheme", action="append", choices=list(SCHEMES), help="only these schemes")
             p.add_argument("--activation", action="append", choices=list(ACTIVATIONS),
                            help="with --scheme: these activations too")
+        if name == "model-shapes":
+            from harness.inputs.model_shapes import MODEL_LAYERS
+
+            p.add_argument("--backend", action="append", required=True, help="registered name or module:factory")
+            p.add_argument("--model", action="append", choices=list(MODEL_LAYERS), help="default: every model")
+            p.add_argument("--tp", action="append", type=_positive_int(1), help="default: every TP share served")
+            p.add_argument("--tokens", nargs="+", type=_positive_int(1), default=[1, 8, 64])
+            p.add_argument("--scheme", action="append", choices=list(SCHEMES), help="default: every scheme supported")
+            p.add_argument("--activation", choices=list(ACTIVATIONS), help="default: the model's")
         if name == "oracle":
             p.add_argument("--platform", default="cpu", choices=list(PLATFORMS))
             p.add_argument("--all", action="store_true", help="every platform")

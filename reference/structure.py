@@ -223,8 +223,17 @@ STRUCTURES: dict[str, NumericalStructure] = {
         NumericalStructure(
             "fp32_reduce", gemm2_out=Precision.FP32, topk_sum=TopKSum.FP32, activation=ActivationEval.FP32,
             fp8_static_scale=ScaleApply.DIVIDE,
-            description="scatter-reduce kernels (triton_kernels' matmul_ogs, CUTLASS finalize epilogues): GEMM2 "
-                        "outputs weighted in fp32 and summed in fp32, one bf16 rounding at the output"),
+            description="finalize-epilogue kernels (CUTLASS grouped GEMMs with a fused finalize): GEMM2 outputs "
+                        "weighted in fp32 and summed in fp32, one bf16 rounding at the output"),
+        NumericalStructure(
+            "triton_kernels_ogs", gemm1_out=Precision.FP32, activation=ActivationEval.FP32,
+            topk_sum=TopKSum.FP32, fp8_static_scale=ScaleApply.DIVIDE,
+            description="OpenAI's triton_kernels matmul_ogs as vLLM runs it (vllm/third_party/triton_kernels "
+                        "0.33.0): the activation fused into GEMM1's epilogue on the fp32 accumulator "
+                        "(_matmul_ogs: acc + bias, then ACTIVATION_FN, swiglu_fn: one fp32 evaluation), rounded "
+                        "once to bf16; GEMM2's fp32 accumulator + bias times the router weight (gammas) rounded "
+                        "to bf16 per pair (the scratchpad has the output dtype when split_k = 1, as vLLM pins "
+                        "on sm90), then reduce_grouped sums the top-k rows in fp32 and rounds once"),
     )
 }
 # A backend that declares nothing is judged as vLLM's Triton fused MoE, the system the seeds come from.

@@ -113,3 +113,31 @@ def test_a_missing_source_is_a_skip_that_says_how_to_fetch_it(tmp_path, monkeypa
     assert not ok and "vllm==0.33.0 is not in" in why and "make third-party" in why
     (tmp_path / "vllm-0.33.0.fetch-failed").write_text("pip download ...\nERROR: No matching distribution\n")
     assert "the last fetch failed: ERROR: No matching distribution" in third_party.missing_reason("vllm-0.33.0")
+
+
+def test_triton_kernels_ogs_says_what_it_runs_and_where():
+    """OpenAI's matmul_ogs: SWIGLUOAI only (vLLM asserts it), bf16 / w_mxfp4, power-of-two top_k; never on a CPU."""
+    from harness.backends import Problem, load_backend
+    from harness.platforms import detect_platform
+    from reference.activations import activation_by_name
+    from reference.schemes import scheme_by_name
+
+    b = load_backend("triton_kernels_ogs")
+    host = detect_platform()
+    ok, _ = b.supports(Problem(scheme_by_name("w_mxfp4"), activation_by_name("SWIGLUOAI"), top_k=4), host)
+    assert ok
+    ok, why = b.supports(Problem(scheme_by_name("w_mxfp4"), activation_by_name("SILU"), top_k=4), host)
+    assert not ok and "SWIGLUOAI" in why
+    ok, why = b.supports(Problem(scheme_by_name("bf16"), activation_by_name("SWIGLUOAI"), top_k=3), host)
+    assert not ok and "power-of-two" in why
+    if not host.is_gpu:
+        ok, why = b.available(host)
+        assert not ok and ("GPU" in why or "make third-party" in why)
+
+
+def test_model_shapes_skip_a_share_the_block_does_not_divide(capsys):
+    from harness.__main__ import main
+
+    assert main(["model-shapes", "--backend", "torch_emulation", "--model", "gpt-oss-20b", "--tp", "8",
+                 "--tokens", "1", "--scheme", "w_mxfp4"]) == 0
+    assert "intermediate_size=360 must be a positive multiple of 32" in capsys.readouterr().out

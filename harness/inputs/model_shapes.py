@@ -1,0 +1,53 @@
+"""The MoE layers real models have, as conformance shapes: each named after its model and tensor-parallel
+share (a rank's slice of the intermediate size). Facts from the models' published configs (config.json:
+num_local_experts / n_routed_experts, num_experts_per_tok, hidden_size, moe_intermediate_size /
+intermediate_size)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["ModelLayer", "MODEL_LAYERS", "model_case_shapes"]
+
+
+@dataclass(frozen=True)
+class ModelLayer:
+    model: str
+    num_experts: int
+    top_k: int
+    hidden_size: int
+    intermediate_size: int
+    activation: str
+    biased: bool = False
+    tp: tuple[int, ...] = (1,)  # tensor-parallel degrees served; a rank holds intermediate_size / tp
+
+    def shape(self, tp: int, tokens: int) -> tuple[int, int, int, int, int]:
+        """(num_experts, hidden_size, intermediate_size, tokens, top_k): harness.core.conformance.Shape's fields."""
+        if tp not in self.tp:
+            raise ValueError(f"{self.model}: tp must be one of {self.tp}, got {tp}")
+        return (self.num_experts, self.hidden_size, self.intermediate_size // tp, tokens, self.top_k)
+
+    def name(self, tp: int) -> str:
+        return self.model if tp == 1 else f"{self.model}/tp{tp}"
+
+
+MODEL_LAYERS = {
+    m.model: m
+    for m in (
+        ModelLayer("gpt-oss-120b", 128, 4, 2880, 2880, "SWIGLUOAI", biased=True, tp=(1, 2, 4, 8)),
+        ModelLayer("gpt-oss-20b", 32, 4, 2880, 2880, "SWIGLUOAI", biased=True, tp=(1, 2, 4, 8)),
+        ModelLayer("kimi-k2", 384, 8, 7168, 2048, "SILU", tp=(1, 8)),
+        ModelLayer("deepseek-v3", 256, 8, 7168, 2048, "SILU", tp=(1, 8)),
+        ModelLayer("qwen3-235b-a22b", 128, 8, 4096, 1536, "SILU", tp=(1, 4)),
+        ModelLayer("qwen3-30b-a3b", 128, 8, 2048, 768, "SILU", tp=(1, 2)),
+        ModelLayer("mixtral-8x7b", 8, 2, 4096, 14336, "SILU", tp=(1, 8)),
+    )
+}
+
+
+def model_case_shapes(models=None, tps=None, tokens=(1, 8, 64)):
+    """(name, layer, shape fields) for each model, TP share and token count asked for (default: all)."""
+    for layer in (MODEL_LAYERS[m] for m in (models or MODEL_LAYERS)):
+        for tp in (t for t in layer.tp if tps is None or t in tps):
+            for n in tokens:
+                yield f"{layer.name(tp)}/T{n}", layer, layer.shape(tp, n)
