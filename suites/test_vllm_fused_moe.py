@@ -135,6 +135,23 @@ def test_triton_kernels_ogs_says_what_it_runs_and_where():
         assert not ok and ("GPU" in why or "make third-party" in why)
 
 
+@pytest.mark.parametrize("scheme", ["w_mxfp4", "bf16"])
+def test_triton_kernels_ogs_pads_the_intermediate_size_as_vllm_without_changing_the_moe(scheme):
+    """vLLM rounds MXFP4's intermediate size up to 64 for matmul_ogs (which is wrong at K = 32 mod 64:
+    tools/repro_ogs_k_tail.py); the zero pairs must leave the reference output identical, bit for bit."""
+    from harness.backends.triton_kernels_ogs import pad_intermediate
+    from harness.core.conformance import Shape
+    from reference.moe import fused_moe
+
+    ckpt, (x, w, ids), out, _ = reference_run(scheme, "SWIGLUOAI", "e4m3fn", Shape(4, 64, 96, 5, 2), 0,
+                                              backend_structure(load_backend("triton_kernels_ogs")), True)
+    padded = pad_intermediate(ckpt, 64)
+    assert padded.intermediate_size == 128 and pad_intermediate(padded, 64) is padded
+    assert padded.w13.data.shape[1] == 256 and not padded.w13.data[:, 192:].any() and not padded.b13[:, 192:].any()
+    structure = backend_structure(load_backend("triton_kernels_ogs"))
+    assert torch.equal(fused_moe(x, padded, w, ids, structure=structure), fused_moe(x, ckpt, w, ids, structure=structure))
+
+
 def test_model_shapes_skip_a_share_the_block_does_not_divide(capsys):
     from harness.__main__ import main
 

@@ -7,7 +7,11 @@ just those launches:
         --section SchedulerStats --section MemoryWorkloadAnalysis \\
         python3 tools/ncu_moe.py --model gpt-oss-120b --scheme w_mxfp4 --backend triton_bitplace --tokens 8
 
-(ncu reports each profiled launch: GEMM1 then GEMM2 of the forward.)
+(ncu reports each profiled launch: GEMM1 then GEMM2 of the forward.) Without ncu, `--kernels` prints the
+torch profiler's table of every kernel one forward launches (after an L2 flush, as the bench times it) and the
+CUDA-graph time of the forward:
+
+    python3 tools/ncu_moe.py --model gpt-oss-120b --scheme w_mxfp4 --backend triton_kernels_ogs --tokens 1 --kernels
 """
 from __future__ import annotations
 
@@ -20,7 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from harness.backends import load_backend  # noqa: E402
-from harness.bench import MODEL_SHAPES, device_checkpoint, routed_inputs  # noqa: E402
+from harness.bench import MODEL_SHAPES, capture, device_checkpoint, flush_l2, median_ms, routed_inputs  # noqa: E402
+from harness.bench.diagnosis import kernel_table  # noqa: E402
 
 
 def main() -> int:
@@ -30,6 +35,7 @@ def main() -> int:
     parser.add_argument("--backend", default="triton_bitplace")
     parser.add_argument("--tokens", type=int, default=8)
     parser.add_argument("--forwards", type=int, default=1, help="profiled forwards")
+    parser.add_argument("--kernels", action="store_true", help="print each kernel's device time instead")
     args = parser.parse_args()
     shape = MODEL_SHAPES[args.model]
     backend = load_backend(args.backend)
@@ -39,6 +45,15 @@ def main() -> int:
     for _ in range(3):
         backend.launch(prep, x, w, ids)
     torch.cuda.synchronize()
+    if args.kernels:
+        table = kernel_table(lambda: backend.launch(prep, x, w, ids), setup=flush_l2)
+        replay, _ = capture(lambda: backend.launch(prep, x, w, ids))
+        graph_us = 1e3 * median_ms(replay)
+        print(f"{args.backend} {args.model} {args.scheme} T={args.tokens}: CUDA graph {graph_us:.1f} us, "
+              f"kernels {sum(t for *_, t in table):.1f} us")
+        for name, count, us in table:
+            print(f"  {us:9.1f} us  x{count:<3d} {name[:150]}")
+        return 0
     for _ in range(args.forwards):
         torch.cuda.profiler.start()
         backend.launch(prep, x, w, ids)

@@ -19,7 +19,11 @@ vLLM 0.33.0's `triton_kernel_fused_experts` and `make_routing_data` (3.5.1 branc
   weights    bf16: [E, K, N] as they are. MXFP4: codes and E8M0 scales transposed so that the block axis is
              dim 1, HopperMXValueLayout / HopperMXScaleLayout(mx_axis=1, num_warps=8), the scale's K groups
              padded to a multiple of 4 (vLLM's patch for triton issue 47303); split_k pinned to 1.
-             Biases fp32.
+             The intermediate size is padded with zero weights, scales and biases to a multiple of 64, as
+             oracle/mxfp4.py's mxfp4_round_up_hidden_size_and_intermediate_size does for this backend on CUDA
+             (gpt-oss at TP 2: 1440 -> 1472): the padded SWIGLU pairs are exactly 0. Fed an MXFP4 GEMM2 whose K
+             is 32 mod 64 unpadded, matmul_ogs is wrong (results/gpu-issue23/run-4: 1010 of 184320 outputs
+             out of bound, 5.3x, at K = 1440); vLLM never does that. Biases fp32.
 
 One deliberate difference from vLLM: make_routing_data casts the router weights to bf16 before they become
 gate_scal. In gpt-oss the router's top-k weights are bf16 already, so there the cast is lossless; the
@@ -43,23 +47,44 @@ from harness.platforms import default_device, detect_platform
 from reference.checkpoints import MoECheckpoint
 from reference.moe import check_moe_inputs
 
-__all__ = ["TritonKernelsOgs", "make_backend", "SOURCE"]
+__all__ = ["TritonKernelsOgs", "make_backend", "pad_intermediate", "SOURCE"]
 
 SOURCE = "vllm-0.33.0"
 _EXPERTS = "vllm/model_executor/layers/fused_moe/experts/gpt_oss_triton_kernels_moe.py"
 _SCHEMES = ("bf16", "w_mxfp4")
 SWIGLU_ALPHA, SWIGLU_LIMIT = 1.702, 7.0  # triton_kernel_fused_experts' defaults (gpt-oss)
+MXFP4_INTERMEDIATE_ALIGN = 64  # mxfp4_round_up_hidden_size_and_intermediate_size, TRITON backend on CUDA
 
 
 @dataclasses.dataclass
 class _Prepared:
-    ckpt: MoECheckpoint
+    ckpt: MoECheckpoint  # as the kernels see it (MXFP4: intermediate size padded)
     w13: object  # torch [E, K, N] bf16, or a triton_kernels Tensor in the Hopper MX layout
     w2: object
     pc13: object  # triton_kernels PrecisionConfig
     pc2: object
     b13: torch.Tensor | None  # fp32 [E, N13]
     b2: torch.Tensor | None
+
+
+def pad_intermediate(ckpt: MoECheckpoint, align: int) -> MoECheckpoint:
+    """The same MoE with the intermediate size rounded up to align: zero (gate, up) row pairs appended to w13 (its
+    rows are gate/up interleaved) with zero scale codes and biases, zero K columns in w2. Each padded pair gives
+    SWIGLU(0, 0) = 0 exactly and meets zero weights, so the output is unchanged bit for bit."""
+    pad = -ckpt.intermediate_size % align
+    if not pad:
+        return ckpt
+    block = ckpt.scheme.weight.k_block if ckpt.scheme.weight else 1
+    if pad % block:
+        raise ValueError(f"pad_intermediate: {pad} padded columns are not whole blocks of {block}")
+    per_byte = ckpt.intermediate_size // ckpt.w2.data.shape[-1]  # FP4 codes are packed two a byte along K
+    fpad = torch.nn.functional.pad
+    rows = lambda t: None if t is None else fpad(t, (0, 0) * (t.dim() - 2) + (0, 2 * pad))  # noqa: E731
+    w13 = dataclasses.replace(ckpt.w13, data=rows(ckpt.w13.data), scale=rows(ckpt.w13.scale))
+    w2 = dataclasses.replace(ckpt.w2, data=fpad(ckpt.w2.data, (0, pad // per_byte)),
+                             scale=None if ckpt.w2.scale is None else fpad(ckpt.w2.scale, (0, pad // block)))
+    return dataclasses.replace(ckpt, w13=w13, w2=w2, b13=rows(ckpt.b13),
+                               intermediate_size=ckpt.intermediate_size + pad)
 
 
 class TritonKernelsOgs:
@@ -146,6 +171,8 @@ class TritonKernelsOgs:
         name = ckpt.scheme.name
         if name not in _SCHEMES or ckpt.activation.name != "SWIGLUOAI":
             raise NotImplementedError(f"{name}/{ckpt.activation.name}: only bf16 and w_mxfp4 with SWIGLUOAI")
+        if name == "w_mxfp4":
+            ckpt = pad_intermediate(ckpt, MXFP4_INTERMEDIATE_ALIGN)
         w13, pc13 = self._weight(ckpt.w13, name)
         w2, pc2 = self._weight(ckpt.w2, name)
         bias = lambda b: None if b is None else b.float().to(self.device).contiguous()  # noqa: E731

@@ -19,7 +19,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["SMLimits", "HOPPER", "GEMM_KERNEL_WORDS", "INSTRUCTION_BUDGET", "occupancy", "kernel_facts",
+__all__ = ["SMLimits", "HOPPER", "GEMM_KERNEL_WORDS", "INSTRUCTION_BUDGET", "occupancy", "kernel_facts", "kernel_table",
            "kernel_time_split", "sass", "k_loop", "weight_bytes_per_iteration", "loop_facts", "describe"]
 
 INSTRUCTION_BUDGET = 0.245  # warp-instructions per weight byte at the H200's copy rate, full issue efficiency
@@ -125,10 +125,10 @@ def loop_facts(cubin: bytes, scheme: str, tiles: dict, gated: bool) -> dict:
 GEMM_KERNEL_WORDS = ("gemm", "splitk", "cutlass", "matmul", "nvjet", "ragged_dot")
 
 
-def kernel_time_split(fn, setup=None) -> dict:
-    """Device time (us) of the kernels one call of fn launches, from the profiler: the GEMMs (a name holding one
-    of GEMM_KERNEL_WORDS) apart from the rest. Eager, not a graph replay: the kernels are the same, the launch
-    gaps are not counted. setup (the L2 flush the timed rounds make) runs first, outside the profile."""
+def kernel_table(fn, setup=None) -> list[tuple[str, int, float]]:
+    """(kernel name, launches, device us) of the kernels one call of fn launches, from the profiler, slowest
+    first. Eager, not a graph replay: the kernels are the same, the launch gaps are not counted. setup (the L2
+    flush the timed rounds make) runs first, outside the profile."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -138,13 +138,22 @@ def kernel_time_split(fn, setup=None) -> dict:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    gemm = other = 0.0
+    rows = []
     for event in prof.key_averages():
         t = getattr(event, "device_time_total", None)
         t = getattr(event, "cuda_time_total", 0.0) if t is None else t
         if not t or getattr(event, "device_type", None) is not None and "CUDA" not in str(event.device_type):
             continue
-        if any(word in event.key.lower() for word in GEMM_KERNEL_WORDS):
+        rows.append((event.key, int(event.count), float(t)))
+    return sorted(rows, key=lambda r: -r[2])
+
+
+def kernel_time_split(fn, setup=None) -> dict:
+    """Device time (us) of one call of fn's kernels (kernel_table): the GEMMs (a name holding one of
+    GEMM_KERNEL_WORDS) apart from the rest."""
+    gemm = other = 0.0
+    for name, _, t in kernel_table(fn, setup):
+        if any(word in name.lower() for word in GEMM_KERNEL_WORDS):
             gemm += t
         else:
             other += t

@@ -57,6 +57,20 @@ def test_targets_are_judged_on_the_fastest_kernel_and_never_on_the_baseline(tmp_
     assert (tmp_path / "roofline.png").read_bytes()[:4] == b"\x89PNG" and paths["targets"].exists()
 
 
+def test_the_anchor_is_never_the_candidate_and_is_compared_by_its_gemm_time():
+    """triton_kernels_ogs faster than ours must not meet our bandwidth target for us; the anchor target divides
+    its GEMM kernels' time (not its whole forward, whose bitmatrix packing is vLLM's modular path) by ours."""
+    ours = _row("gpt-oss-120b", "w_mxfp4", 8, "triton_bitplace", 20.0)
+    anchor = dict(_row("gpt-oss-120b", "w_mxfp4", 8, "triton_kernels_ogs", 5.0), gemm_kernels_us=4.0)
+    t = {x["target"]: x for x in evaluate_targets([ours, anchor], {})}
+    assert "triton_bitplace" in t["MXFP4 W4A16 decode: % of copy bandwidth"]["case"]
+    vs = t["MXFP4 W4A16 decode: x faster than triton_kernels' GEMMs"]
+    assert vs["value"] == pytest.approx(0.2) and not vs["met"]
+    faster = dict(anchor, us=100.0, gemm_kernels_us=30.0)
+    vs = {x["target"]: x for x in evaluate_targets([ours, faster], {})}["MXFP4 W4A16 decode: x faster than triton_kernels' GEMMs"]
+    assert vs["value"] == pytest.approx(1.5) and vs["met"]
+
+
 @pytest.mark.parametrize("scheme", sorted(SCHEMES))
 def test_device_checkpoints_hold_valid_finite_codes_of_their_scheme(scheme):
     """The benchmarks' model-size checkpoints are drawn in checkpoint layout without the reference
