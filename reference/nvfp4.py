@@ -35,6 +35,7 @@ from .formats import (
 
 __all__ = [
     "NVFP4_BLOCK_SIZE",
+    "NVFP4_MIN_AMAX",
     "NVFP4Variant",
     "NVFP4Quantized",
     "nvfp4_global_encode_scale",
@@ -61,14 +62,21 @@ class NVFP4Quantized(NamedTuple):
     global_decode_scale: torch.Tensor  # fp32, broadcastable to block_scales: dequant multiplies by it
 
 
+NVFP4_MIN_AMAX = float(_E4M3_MAX * _E2M1_MAX) * 2.0**-126  # the smallest nonzero amax with normal scales
+
+
 def nvfp4_global_encode_scale(amax: torch.Tensor | float) -> torch.Tensor:
     """s_enc = fl(448 * 6 / amax), fp32; 1.0 where amax is 0 (every block is then zero).
 
-    An amax below 2688 / 3.4e38 (about 7.9e-36) would overflow s_enc: rejected, there is no fp32 scale."""
+    An amax below NVFP4_MIN_AMAX = 2688 * 2^-126 (about 3.2e-35) is rejected: s_enc would exceed 2^126, so the
+    decode scale 1 / s_enc would be subnormal (or s_enc overflow fp32), which dequantize_nvfp4 refuses as it
+    refuses any global scale outside [2^-126, 2^126]."""
     amax = torch.as_tensor(amax, dtype=torch.float32)
     s_enc = torch.where(amax > 0, (_E4M3_MAX * _E2M1_MAX) / amax, torch.ones_like(amax))
-    if not bool(torch.isfinite(s_enc).all()):
-        raise ValueError(f"amax {amax.min().item():.3g} is too small for NVFP4: 2688 / amax overflows fp32")
+    if not bool(torch.isfinite(s_enc).all()) or bool((s_enc > 2.0**126).any()):
+        raise ValueError(f"amax {amax.min().item():.3g} is too small for NVFP4: 2688 / amax exceeds 2^126, and its "
+                         f"reciprocal (the decode scale) would not be a normal fp32 (amax must be 0 or >= "
+                         f"{NVFP4_MIN_AMAX:.3g})")
     return s_enc
 
 
