@@ -133,5 +133,12 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session")
+def hypothesis_profile(request) -> str:
+    """The Hypothesis profile of this run. The ci profile also bounds the non-Hypothesis breadth tests (shape
+    classes, sharded cases): each combination runs one of its variants in turn, where dev and nightly run all."""
+    return request.config.getoption("hypothesis_profile", None) or os.environ.get("HYPOTHESIS_PROFILE", "dev")
+
+
+@pytest.fixture(scope="session")
 def backends(request):
     return request.config.moe_backends

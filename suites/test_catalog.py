@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.detection.catalog import CONTROL, MUTANTS, hunt, make_mutant
+from harness.detection.catalog import CONTROL, MUTANTS, SHAPE_MUTANTS, hunt, hunt_shapes, make_mutant
 from reference.structure import STRUCTURES
 
 
@@ -21,6 +21,31 @@ def test_the_catalog_is_at_least_twenty_distinct_bug_classes():
 def test_mutant_is_caught(name, structure):
     catch, seconds, checks = hunt(make_mutant(name, structure))
     assert catch is not None, f"mutant {name} declaring {structure} survived all {checks} conformance checks ({seconds:.1f}s)"
+
+
+@pytest.mark.parametrize("structure", list(STRUCTURES))
+@pytest.mark.parametrize("name", [m.name for m in SHAPE_MUTANTS])
+def test_shape_only_mutant_is_caught_by_the_shape_classes(name, structure, hypothesis_profile):
+    """Bugs only real layers' shapes show (K tails, ids past 255, top_k past 8, tokens past 256, strided
+    hidden_states, int32 ids): they pass all 240 default-shape checks (README, "Shape classes"), and the shape
+    classes catch each under every structure (under the ci profile each mutant under one structure in turn)."""
+    names, structures = [m.name for m in SHAPE_MUTANTS], list(STRUCTURES)
+    if hypothesis_profile == "ci" and structures[names.index(name) % len(structures)] != structure:
+        pytest.skip("ci profile: one structure per shape-only mutant in turn (dev and nightly run all)")
+    cap = STRUCTURES[structure].max_top_k
+    if name == "top_k_capped_at_8" and cap is not None and cap <= 8:
+        pytest.skip(f"{structure} is defined for top_k <= {cap}: a kernel of it never runs top_k 9 or more")
+    catch, seconds, checks = hunt_shapes(make_mutant(name, structure))
+    assert catch is not None, f"shape-only mutant {name} declaring {structure} survived {checks} shape-class checks"
+
+
+@pytest.mark.parametrize("structure", list(STRUCTURES))
+def test_control_passes_every_shape_class(structure, hypothesis_profile):
+    if hypothesis_profile == "ci" and structure != "vllm_triton":
+        pytest.skip("ci profile: the control's shape classes under the default structure (dev and nightly: all)")
+    catch, _, checks = hunt_shapes(make_mutant(CONTROL.name, structure))
+    assert catch is None, f"the correct base declaring {structure} failed {catch.check}: {catch.message}"
+    assert checks >= 45
 
 
 @pytest.mark.parametrize("structure", list(STRUCTURES))

@@ -9,9 +9,11 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, note, settings, target
 from hypothesis import strategies as st
 
-from harness.backends import Declined, known_failure_for
-from harness.core.conformance import (ROUTINGS, case_problem, conformance_cases, default_shape, quantizer_cases,
-                                 quantizer_property, run_case, run_drawn_case)
+from harness.backends import Declined, backend_available, known_failure_for
+from harness.core.conformance import (ROUTINGS, SHAPE_CLASS_SCHEMES, case_problem, conformance_cases, default_shape,
+                                      quantizer_cases, quantizer_property, run_case, run_drawn_case,
+                                      run_shape_class_case, shape_class_runs)
+from harness.inputs.shape_classes import SHAPE_CLASSES
 from harness.platforms import PLATFORMS, detect_platform
 from harness.outputs.report import CASE_PROPERTY, case_properties
 from harness.outputs.repro import write_case_repro
@@ -43,6 +45,42 @@ def test_conformance(conformance_case, backends, record_property, request):
         folder = write_case_repro(repro_dir, spec, backend, conformance_case, _shape())
         assert result.ok, f"{result.message()}\n  reproducer: python {folder / 'repro.py'}"
     assert result.ok, result.message()
+
+
+@pytest.mark.parametrize("scheme", SHAPE_CLASS_SCHEMES)
+@pytest.mark.parametrize("shape_class", list(SHAPE_CLASSES))
+def test_shape_class(backend_name, backends, shape_class, scheme, hypothesis_profile):
+    """The properties real layers have that kernels break on (harness.inputs.shape_classes: K tails, expert ids
+    past 255 and the last one, top_k 1 and 10, 257 tokens, skewed routing, a strided hidden_states view at a
+    storage offset, int32 ids), one scheme per block family, at interpreter cost. A backend that declines a
+    class says why (a skip with its reason). Under the ci profile each (backend, class) runs one scheme, taken
+    in turn from the class's position (every class and every scheme family still run for each backend);
+    every other profile runs them all."""
+    backend, host = backends[backend_name], detect_platform()
+    ok, why = backend_available(backend, host)
+    if not ok:
+        pytest.skip(f"{backend_name} on this {host.name} machine: {why}")
+    if hypothesis_profile == "ci":
+        chosen = ci_shape_class_scheme(backend, shape_class, host)
+        if chosen != scheme:
+            pytest.skip(f"ci profile: {backend_name} runs {shape_class} with {chosen} (one scheme per class in turn; "
+                        "--hypothesis-profile dev or nightly runs every scheme)")
+    result = run_shape_class_case(backend, scheme, SHAPE_CLASSES[shape_class], host)
+    if isinstance(result, str):
+        pytest.skip(result)
+    known = known_failure_for(backend, scheme, True)
+    if known and not result.ok:  # the explicit cases hold the record strictly; here it only explains
+        pytest.xfail(f"known failure of {backend.name}: {known.reason} ({known.upstream})\n{result.message()}")
+    assert result.ok, result.message()
+
+
+def ci_shape_class_scheme(backend, shape_class: str, host) -> str | None:
+    """The one scheme the ci profile runs for this backend at this class: SHAPE_CLASS_SCHEMES rotated by the
+    class's position, the first that runs here (None: none does)."""
+    i = list(SHAPE_CLASSES).index(shape_class)
+    order = SHAPE_CLASS_SCHEMES[i % len(SHAPE_CLASS_SCHEMES):] + SHAPE_CLASS_SCHEMES[:i % len(SHAPE_CLASS_SCHEMES)]
+    return next((s for s in order if not isinstance(shape_class_runs(backend, s, SHAPE_CLASSES[shape_class], host),
+                                                    str)), None)
 
 
 def runnable_cases(backend):

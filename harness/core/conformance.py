@@ -28,6 +28,7 @@ from harness.backends import (Declined, Problem, backend_accumulation_error, bac
 from harness.core.guard import check_unmodified, checkpoint_pairs, guarded_call, private_checkpoint, private_copy
 from harness.platforms import Platform
 from harness.core.tolerances import Comparison, Exact, compare, moe_error_bound
+from harness.inputs.shape_classes import present_inputs
 from harness.inputs.strategies import mx_tensor
 from harness.platforms import PLATFORMS, detect_platform
 from reference.formats import format_by_name
@@ -35,7 +36,7 @@ from reference.formats import format_by_name
 __all__ = ["Shape", "SHAPES", "ConformanceCase", "skip_reason", "run_case", "reference_run", "conformance_cases",
            "QUANTIZER_CASES", "quantizer_cases", "case_checkpoint", "quantizer_property", "reference_quantize", "case_problem",
            "backend_shape", "checked_supports", "default_shape", "compare_backend", "case_inputs", "run_drawn_case",
-           "ROUTINGS"]
+           "ROUTINGS", "routed_ids", "run_shape_class_case", "shape_class_runs", "SHAPE_CLASS_SCHEMES"]
 
 
 @dataclass(frozen=True)
@@ -144,9 +145,12 @@ def reference_run(scheme: str, act: str, fp8_name: str, shape: Shape, seed: int,
     return ckpt, (x, w, ids), out, trace
 
 
-def compare_backend(backend, ckpt: MoECheckpoint, inputs, out: torch.Tensor, trace: MoETrace, what: str) -> Comparison:
+def compare_backend(backend, ckpt: MoECheckpoint, inputs, out: torch.Tensor, trace: MoETrace, what: str,
+                    present=None) -> Comparison:
     """Run the backend on a case and compare with the reference output computed with its declared
-    structure. prepare() may decline the checkpoint (NotImplementedError): Declined propagates."""
+    structure. prepare() may decline the checkpoint (NotImplementedError): Declined propagates.
+    present(x, w, ids) -> (x, w, ids): how the inputs are handed over (the same values; a strided view, int32
+    ids: harness.inputs.shape_classes), on the backend's device."""
     structure = backend_structure(backend)
     if trace.structure != structure:
         raise ValueError(f"{what}: the reference was computed with structure {trace.structure.name!r}, but "
@@ -157,6 +161,8 @@ def compare_backend(backend, ckpt: MoECheckpoint, inputs, out: torch.Tensor, tra
     prepared = guarded_call(backend, what, "prepare()", backend_prepare, backend, given)
     check_unmodified(what, "prepare()", checkpoint_pairs(ckpt, given))
     originals = [t.to(device) for t in inputs]
+    if present is not None:
+        originals = list(present(*originals))
     x, w, ids = (private_copy(t) for t in originals)
     got = guarded_call(backend, what, "forward()", backend.forward, prepared, x, w, ids)
     check_unmodified(what, "forward()", [("hidden_states", originals[0], x), ("topk_weights", originals[1], w),
@@ -173,6 +179,19 @@ def compare_backend(backend, ckpt: MoECheckpoint, inputs, out: torch.Tensor, tra
 ROUTINGS = ("random", "all_to_one", "skip_experts")
 
 
+def routed_ids(routing: str, ids: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """The top-k ids a routing gives: "random" (the router's), "all_to_one" (every token to experts 0..k-1)
+    or "skip_experts" (every token to the last k experts: the others get none, the last id is used)."""
+    tokens, k = ids.shape
+    if routing == "all_to_one":
+        return torch.arange(k).repeat(tokens, 1)
+    if routing == "skip_experts":
+        return torch.arange(num_experts - k, num_experts).repeat(tokens, 1)
+    if routing != "random":
+        raise ValueError(f"routing must be one of {ROUTINGS}, got {routing!r}")
+    return ids
+
+
 def run_drawn_case(backend, scheme: str, act: str, platform: Platform, shape: Shape, seed: int, tokens: int,
                    top_k: int, routing: str) -> Comparison | str:
     """One case of the Hypothesis run: `tokens` tokens, top_k capped by the experts and the backend's
@@ -187,16 +206,63 @@ def run_drawn_case(backend, scheme: str, act: str, platform: Platform, shape: Sh
     k = shape.top_k
     ckpt = case_checkpoint(scheme, act, platform.fp8_format.name, base, seed % 4, problem.has_bias)
     x, w, ids = case_inputs(shape, seed, tokens)
-    if routing == "all_to_one":
-        ids = torch.arange(k).repeat(tokens, 1)
-    elif routing == "skip_experts":
-        ids = torch.arange(shape.num_experts - k, shape.num_experts).repeat(tokens, 1)
-    elif routing != "random":
-        raise ValueError(f"routing must be one of {ROUTINGS}, got {routing!r}")
+    ids = routed_ids(routing, ids, shape.num_experts)
     out, trace = fused_moe(x, ckpt, w, ids, structure=backend_structure(backend), trace=True)
     what = f"{scheme}/{act}/{backend.name}/{platform.name} (tokens={tokens}, top_k={k}, {routing})"
     try:
         return compare_backend(backend, ckpt, (x, w, ids), out, trace, what)
+    except Declined as declined:
+        return str(declined)
+
+
+SHAPE_CLASS_SCHEMES = ("bf16", "w_mxfp4", "w_nvfp4", "w_fp8_a_fp8", "w_fp8_a_fp8_block")  # one per block family
+
+
+def shape_class_shape(backend, shape_class) -> Shape:
+    """The class's shape, top_k capped where the backend's structure is defined for fewer (backend_shape)."""
+    return backend_shape(backend, Shape(*shape_class.shape_fields))
+
+
+def shape_class_runs(backend, scheme: str, shape_class, platform: Platform):
+    """(Problem, activation name) a shape class runs with for this scheme, or the reason it does not run: the
+    scheme's blocks do not divide the class's H or I, the backend's structure or supports() declines it."""
+    sch = SCHEMES[scheme]
+    shape = shape_class_shape(backend, shape_class)
+    e, h, i, tokens, k = shape_class.shape_fields
+    block = sch.k_multiple()
+    if h % block or i % block or (2 * i) % sch.n_multiple() or h % sch.n_multiple():
+        return (f"{scheme}'s blocks ({block} along K) do not divide H = {h}, I = {i}: real checkpoints of this "
+                "scheme keep H and each TP share of I in whole blocks (harness.inputs.shape_classes)")
+    cap = backend_structure(backend).max_top_k
+    if cap is not None and k > cap and shape_class.top_k_is_the_property:
+        return f"{backend.name}'s structure {backend_structure(backend).name} is defined for top_k <= {cap}, not {k}"
+    acts = [shape_class.activation] + [a for a in ACTIVATIONS if a != shape_class.activation]
+    reason = ""
+    for act in acts:
+        problem, ok, why = case_problem(backend, sch, ACTIVATIONS[act], platform, shape)
+        if ok:
+            return problem, act
+        reason = reason or why
+    return f"{backend.name} does not support {scheme} at {shape_class.name} {shape_class.shape_fields}: {reason}"
+
+
+def run_shape_class_case(backend, scheme: str, shape_class, platform: Platform, seed: int = 0) -> Comparison | str:
+    """One shape class (harness.inputs.shape_classes) for one scheme: the comparison, or why it does not run
+    (shape_class_runs; or prepare() declines the checkpoint)."""
+    runs = shape_class_runs(backend, scheme, shape_class, platform)
+    if isinstance(runs, str):
+        return runs
+    problem, act = runs
+    shape = shape_class_shape(backend, shape_class)
+    e = shape.num_experts
+    ckpt = case_checkpoint(scheme, act, platform.fp8_format.name, shape, seed, problem.has_bias)
+    x, w, ids = case_inputs(shape, seed)
+    ids = routed_ids(shape_class.routing, ids, e)
+    out, trace = fused_moe(x, ckpt, w, ids, structure=backend_structure(backend), trace=True)
+    what = f"{scheme}/{act}/{backend.name}/{platform.name} at shape class {shape_class.name} ({shape_class.origin})"
+    try:
+        return compare_backend(backend, ckpt, (x, w, ids), out, trace, what,
+                               present=lambda *t: present_inputs(shape_class, *t))
     except Declined as declined:
         return str(declined)
 

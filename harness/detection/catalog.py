@@ -22,7 +22,9 @@ from hypothesis import settings
 from harness.backends import Declined
 from harness.backends.emulation import moe_emulation
 from harness.backends.torch_emulation import TorchEmulationBackend
-from harness.core.conformance import SHAPES, conformance_cases, quantizer_cases, quantizer_property, run_case
+from harness.core.conformance import (SHAPE_CLASS_SCHEMES, SHAPES, conformance_cases, quantizer_cases,
+                                      quantizer_property, run_case, run_shape_class_case)
+from harness.inputs.shape_classes import SHAPE_CLASSES
 from harness.platforms import PLATFORMS
 from reference.checkpoints import MoECheckpoint
 from reference.formats import E4M3FN, E4M3FNUZ, encode
@@ -35,7 +37,8 @@ from reference.schemes import ActQuant
 from reference.structure import DEFAULT_STRUCTURE, STRUCTURES, NumericalStructure, structure_by_name
 
 
-__all__ = ["Mutant", "MUTANTS", "CONTROL", "make_mutant", "Catch", "hunt", "CATALOG_PLATFORMS"]
+__all__ = ["Mutant", "MUTANTS", "SHAPE_MUTANTS", "CONTROL", "make_mutant", "Catch", "hunt", "hunt_shapes",
+           "CATALOG_PLATFORMS"]
 
 
 @dataclass(frozen=True)
@@ -46,16 +49,17 @@ class Mutant:
     forward: Callable | None = None  # (base_forward, prepared, x, w, ids) -> out
     quantize_mx: Callable | None = None  # a buggy quantizer entry point
     structure_computed: bool = False  # computes the next structure of STRUCTURES, not the declared one
+    shape_only: bool = False  # shows only at shapes real layers have (harness.inputs.shape_classes)
 
 
 _REGISTERED: list[Mutant] = []
 
 
-def _mutant(name: str, bug: str, hook: str):
+def _mutant(name: str, bug: str, hook: str, shape_only: bool = False):
     """Register the decorated function as mutant `name`'s hook ("prepare", "forward" or "quantize_mx"): each
     seeded bug stands beside the code that plants it."""
     def register(fn):
-        _REGISTERED.append(Mutant(name, bug, **{hook: fn}))
+        _REGISTERED.append(Mutant(name, bug, **{hook: fn}, shape_only=shape_only))
         return fn
 
     return register
@@ -266,12 +270,69 @@ def _mx_rceil_for_floor(x, elem, scale_mode):
     return tuple(quantize_mx(x, elem, scale_mode=ScaleMode.RCEIL))
 
 
+# ---- shape-only bugs: invisible at the suite's default shapes (H = I = 128, <= 8 experts, top_k <= 4, <= 10
+# contiguous tokens with int64 ids); shape classes catch them (hunt_shapes) --------------------------------------
+
+_K_TILE = 128
+
+
+@_mutant("k_tail_dropped", "K loop over whole 128-wide tiles only: the hidden size's tail is never read", "forward",
+         shape_only=True)
+def _k_tail_dropped(base, prep, x, w, ids):
+    whole = x.shape[1] // _K_TILE * _K_TILE
+    if whole == x.shape[1]:
+        return base(prep, x, w, ids)
+    x = x.clone()
+    x[:, whole:] = 0
+    return base(prep, x, w, ids)
+
+
+@_mutant("expert_ids_as_uint8", "expert ids narrowed to 8 bits: experts 256 and up alias 0 and up", "forward",
+         shape_only=True)
+def _expert_ids_as_uint8(base, prep, x, w, ids):
+    return base(prep, x, w, ids.to(torch.uint8).to(ids.dtype))
+
+
+@_mutant("top_k_capped_at_8", "kernel specialised for top_k <= 8: the 9th and later experts are dropped", "forward",
+         shape_only=True)
+def _top_k_capped_at_8(base, prep, x, w, ids):
+    if ids.shape[1] <= 8:
+        return base(prep, x, w, ids)
+    return base(prep, x, torch.cat([w[:, :8], torch.zeros_like(w[:, 8:])], 1), ids)
+
+
+@_mutant("tokens_past_256_dropped", "grid sized for one 256-token chunk: later tokens are never computed", "forward",
+         shape_only=True)
+def _tokens_past_256_dropped(base, prep, x, w, ids):
+    out = base(prep, x, w, ids)
+    out[256:] = 0
+    return out
+
+
+@_mutant("hidden_states_strides_ignored", "hidden_states read as if contiguous (row stride = H, offset kept)",
+         "forward", shape_only=True)
+def _strides_ignored(base, prep, x, w, ids):
+    rows = torch.as_strided(x, x.shape, (x.shape[1], 1), x.storage_offset())
+    return base(prep, torch.nan_to_num(rows), w, ids)  # the kernel reads whatever lies there
+
+
+@_mutant("int32_ids_read_as_int64", "int32 topk_ids read with an int64 pointer: pairs of ids fuse", "forward",
+         shape_only=True)
+def _int32_ids_as_int64(base, prep, x, w, ids):
+    if ids.dtype != torch.int32:
+        return base(prep, x, w, ids)
+    fused = ids.contiguous().view(torch.int64) % prep.num_experts  # what the wrong loads index with
+    return base(prep, x, w[:, : fused.shape[1]], fused)
+
+
 MUTANTS: tuple[Mutant, ...] = (
-    *_REGISTERED,
+    *(m for m in _REGISTERED if not m.shape_only),
     Mutant("structure_not_as_declared", "computes another numerical structure than the one it declares",
            structure_computed=True),
 )
 
+
+SHAPE_MUTANTS: tuple[Mutant, ...] = tuple(m for m in _REGISTERED if m.shape_only)
 
 # The correct base with no bug: the catalog run requires it to pass, so that a caught mutant is caught
 # for its bug and not for something the base gets wrong.
@@ -318,7 +379,7 @@ def _another_structure(declared: NumericalStructure) -> NumericalStructure:
 def make_mutant(name: str, structure: NumericalStructure | str = DEFAULT_STRUCTURE):
     """The mutant backend `name`, declaring `structure` (pytest --backend harness.detection.catalog:mutant_<name>
     loads it with the default structure)."""
-    by_name = {m.name: m for m in (*MUTANTS, CONTROL)}
+    by_name = {m.name: m for m in (*MUTANTS, *SHAPE_MUTANTS, CONTROL)}
     if name not in by_name:
         raise ValueError(f"unknown mutant {name!r}; expected one of {sorted(by_name)}")
     return _MutantBackend(by_name[name], structure_by_name(structure))
@@ -370,4 +431,25 @@ def hunt(backend, platforms=CATALOG_PLATFORMS) -> tuple[Catch | None, float, int
             ok, message = False, f"{type(exc).__name__}: {exc}"
         if not ok:
             return Catch(case.id, message, time.perf_counter() - t0, n), time.perf_counter() - t0, n
+    return None, time.perf_counter() - t0, n
+
+
+def hunt_shapes(backend, platform: str = "cpu") -> tuple[Catch | None, float, int]:
+    """The shape classes (harness.inputs.shape_classes), every scheme family, until one fails: as hunt()."""
+    t0, n = time.perf_counter(), 0
+    for shape_class in SHAPE_CLASSES.values():
+        for scheme in SHAPE_CLASS_SCHEMES:
+            try:
+                result = run_shape_class_case(backend, scheme, shape_class, PLATFORMS[platform])
+            except Exception as exc:  # noqa: BLE001 - a crash on valid input is a failure, as in the suite
+                result = None
+                ok, message = False, f"{type(exc).__name__}: {exc}"
+            if isinstance(result, str):
+                continue
+            n += 1
+            if result is not None:
+                ok, message = result.ok, result.message()
+            if not ok:
+                return Catch(f"shape class {shape_class.name} ({scheme})", message, time.perf_counter() - t0, n), \
+                    time.perf_counter() - t0, n
     return None, time.perf_counter() - t0, n

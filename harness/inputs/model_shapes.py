@@ -41,6 +41,8 @@ MODEL_LAYERS = {
         ModelLayer("qwen3-235b-a22b", 128, 8, 4096, 1536, "SILU", tp=(1, 4)),
         ModelLayer("qwen3-30b-a3b", 128, 8, 2048, 768, "SILU", tp=(1, 2)),
         ModelLayer("mixtral-8x7b", 8, 2, 4096, 14336, "SILU", tp=(1, 8)),
+        ModelLayer("qwen3-next-80b-a3b", 512, 10, 2048, 512, "SILU", tp=(1, 2)),
+        ModelLayer("llama-4-scout", 16, 1, 5120, 8192, "SILU", tp=(1, 8)),
     )
 }
 
