@@ -5,6 +5,8 @@ checkpoint that prepare() declines (NotImplementedError) is a skip with its reas
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import HealthCheck, assume, example, given, note, settings, target
 from hypothesis import strategies as st
@@ -15,7 +17,7 @@ from harness.core.conformance import (ROUTINGS, SHAPE_CLASS_SCHEMES, case_proble
                                       run_shape_class_case, shape_class_runs)
 from harness.inputs.shape_classes import SHAPE_CLASSES
 from harness.platforms import PLATFORMS, detect_platform
-from harness.outputs.report import CASE_PROPERTY, case_properties
+from harness.outputs.report import CASE_PROPERTY, SHAPE_CLASS_PROPERTY, case_properties
 from harness.outputs.repro import write_case_repro
 
 
@@ -49,13 +51,13 @@ def test_conformance(conformance_case, backends, record_property, request):
 
 @pytest.mark.parametrize("scheme", SHAPE_CLASS_SCHEMES)
 @pytest.mark.parametrize("shape_class", list(SHAPE_CLASSES))
-def test_shape_class(backend_name, backends, shape_class, scheme, hypothesis_profile):
+def test_shape_class(backend_name, backends, shape_class, scheme, hypothesis_profile, record_property):
     """The properties real layers have that kernels break on (harness.inputs.shape_classes: K tails, expert ids
     past 255 and the last one, top_k 1 and 10, 257 tokens, skewed routing, a strided hidden_states view at a
     storage offset, int32 ids), one scheme per block family, at interpreter cost. A backend that declines a
-    class says why (a skip with its reason). Under the ci profile each (backend, class) runs one scheme, taken
-    in turn from the class's position (every class and every scheme family still run for each backend);
-    every other profile runs them all."""
+    class says why (a skip with its reason, tallied per backend in the report). Under the ci profile each
+    (backend, class) runs one scheme, taken in turn from the class's position (every class and every scheme
+    family still run for each backend); every other profile runs them all."""
     backend, host = backends[backend_name], detect_platform()
     ok, why = backend_available(backend, host)
     if not ok:
@@ -66,6 +68,8 @@ def test_shape_class(backend_name, backends, shape_class, scheme, hypothesis_pro
             pytest.skip(f"ci profile: {backend_name} runs {shape_class} with {chosen} (one scheme per class in turn; "
                         "--hypothesis-profile dev or nightly runs every scheme)")
     result = run_shape_class_case(backend, scheme, SHAPE_CLASSES[shape_class], host)
+    record_property(SHAPE_CLASS_PROPERTY, json.dumps(dict(backend=backend_name, shape_class=shape_class, scheme=scheme,
+                                                          declined=isinstance(result, str))))
     if isinstance(result, str):
         pytest.skip(result)
     known = known_failure_for(backend, scheme, True)

@@ -71,6 +71,22 @@ def test_pytest_report_option_records_a_wrong_backend_as_failed(tmp_path):
     assert (out / "junit.xml").exists() and (out / "histograms" / "w_mxfp4_a_mxfp4.png").exists()
 
 
+def test_the_report_tallies_shape_classes_and_what_each_backend_declines(tmp_path):
+    """A backend that declines K tails must be visible in the report, never silent (issue 24)."""
+    out = tmp_path / "report"
+    cmd = [sys.executable, "-m", "pytest", "suites/test_conformance.py", "-q", "-p", "no:cacheprovider",
+           "--hypothesis-profile=dev", f"--report={out}", "--backend", "torch_emulation",
+           "-k", "test_shape_class and k_tails_gpt-oss-120b_tp8"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    tally = json.loads((out / "results.json").read_text())["meta"]["shape_classes"]["torch_emulation"]
+    # I = 232 at TP 8: bf16 and per-tensor FP8 run; MX (32), NVFP4 (16) and block FP8 (128) blocks do not divide it
+    assert tally["passed"] == 2 and tally["failed"] == 0 and tally["declined"] == 3, tally
+    summary = (out / "summary.md").read_text()
+    assert "## Shape classes per backend" in summary and "| torch_emulation | 2 | 0 | 3 |" in summary
+    assert "shape-classes" in (out / "index.html").read_text()
+
+
 def _needs_chromium():
     if CHROMIUM:
         return

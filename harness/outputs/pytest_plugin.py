@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from harness.core.oracle import all_platforms, format_oracle_table
-from harness.outputs.report import (CASE_IDENTITY, CASE_PROPERTY, CaseResult, ReportModel, render_terminal,
+from harness.outputs.report import (CASE_IDENTITY, CASE_PROPERTY, SHAPE_CLASS_PROPERTY, CaseResult, ReportModel, render_terminal,
                                     write_report)
 from harness.platforms import host_info
 
@@ -50,6 +50,7 @@ class _Collector:
         self.cases: dict[str, CaseResult] = {}
         self.other = Counter()
         self.other_failures: list[dict] = []
+        self.shape_classes: dict[str, dict] = {}
         self.written: dict[str, Path] = {}
 
     @staticmethod
@@ -95,7 +96,22 @@ class _Collector:
                 r.n_bad, r.n_total, r.ratio_histogram = numbers["n_bad"], numbers["n_total"], numbers["ratio_histogram"]
         self.cases[case_id] = r
 
+    def _shape_class(self, report) -> None:
+        """Tally test_shape_class outcomes per backend (the report's shape-class table)."""
+        for key, value in report.user_properties:
+            if key == SHAPE_CLASS_PROPERTY and report.when == "call":
+                info = json.loads(value)
+                t = self.shape_classes.setdefault(info["backend"], {"passed": 0, "failed": 0, "declined": 0, "reasons": {}})
+                if info.get("declined"):
+                    t["declined"] += 1
+                    reason = self._first_line(report)
+                    t["reasons"][reason] = t["reasons"].get(reason, 0) + 1
+                elif report.passed or report.failed:
+                    t["passed" if report.passed else "failed"] += 1
+                return
+
     def _other(self, report):
+        self._shape_class(report)
         if report.when == "call":
             self.other[report.outcome] += 1
         elif report.skipped:
@@ -116,7 +132,7 @@ class _Collector:
                     date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                     command="pytest " + " ".join(sys.argv[1:]) if sys.argv else "pytest",
                     hypothesis_profile=config.getoption("--hypothesis-profile", None) or "",
-                    other_tests=other, other_failures=self.other_failures)
+                    other_tests=other, other_failures=self.other_failures, shape_classes=self.shape_classes)
 
     def pytest_sessionfinish(self, session):
         dispatch = format_oracle_table(all_platforms(), session.config.moe_backends)

@@ -25,11 +25,13 @@ from pathlib import Path
 from harness.core.tolerances import RATIO_LOG2_MAX, RATIO_LOG2_MIN, Comparison
 
 __all__ = ["CaseResult", "ReportModel", "case_properties", "case_identity", "write_report", "load_results",
-           "render_markdown", "render_html", "render_terminal", "OUTCOMES", "CASE_PROPERTY", "CASE_IDENTITY"]
+           "render_markdown", "render_html", "render_terminal", "OUTCOMES", "CASE_PROPERTY", "CASE_IDENTITY",
+           "SHAPE_CLASS_PROPERTY", "shape_class_rows"]
 
 OUTCOMES = ("passed", "failed", "error", "skipped")
 CASE_PROPERTY = "moe_case"  # the user_properties key the conformance test records its result under
 CASE_IDENTITY = "moe_case_identity"  # ... and the key its identity is recorded under at collection
+SHAPE_CLASS_PROPERTY = "moe_shape_class"  # test_shape_class records {backend, shape_class, scheme, declined} here
 
 
 @dataclass
@@ -220,6 +222,22 @@ def _summary_cells(row: SummaryRow) -> tuple:
     return row.platform, row.backend, row.passed, row.failed, row.skipped, row.worst_text
 
 
+_SHAPE_HEAD = ("backend", "passed", "failed", "declined", "why declined (most frequent)")
+
+
+def shape_class_rows(tally: dict) -> list[tuple]:
+    """One row per backend of the shape-class tallies (harness.outputs.pytest_plugin): how many (class, scheme)
+    pairs passed, failed and were declined, and the most frequent reason for declining - so that a backend
+    declining every K tail is visible, never silent."""
+    rows = []
+    for backend in sorted(tally):
+        t = tally[backend]
+        reasons = sorted(t.get("reasons", {}).items(), key=lambda kv: -kv[1])[:2]
+        why = "; ".join(f"{n}x {r[:160]}" for r, n in reasons)
+        rows.append((backend, t.get("passed", 0), t.get("failed", 0), t.get("declined", 0), why))
+    return rows
+
+
 def render_markdown(model: ReportModel, out_dir: Path) -> str:
     m, t = model.meta, model.totals
     host = {k: m.get(k) for k in _HOST_FIELDS}
@@ -242,6 +260,11 @@ def render_markdown(model: ReportModel, out_dir: Path) -> str:
                   "|---|---|" + "---|" * len(mat.backends)]
         for (scheme, act), by_b in mat.rows:
             lines.append(f"| {scheme} | {act} | " + " | ".join(_cell_text(by_b.get(b)) for b in mat.backends) + " |")
+    shape_rows = shape_class_rows(m.get("shape_classes", {}))
+    if shape_rows:
+        lines += ["", "## Shape classes per backend (test_shape_class)", "",
+                  "| " + " | ".join(_SHAPE_HEAD) + " |", "|---" * len(_SHAPE_HEAD) + "|"]
+        lines += ["| " + " | ".join(str(c).replace("|", "/") for c in row) + " |" for row in shape_rows]
     lines += ["", "## Skip reasons", "", "| cases | reason |", "|---|---|"]
     lines += [f"| {n} | {reason.replace('|', '/')} |" for reason, n in model.skip_reasons]
     if model.histograms:
@@ -312,6 +335,11 @@ def render_html(model: ReportModel) -> str:
                 cells.append("" if r is None else _Markup(
                     f"<td class='{r.outcome}' title='{e(r.reason)}'>{e(_cell_text(r).replace('**', ''))}</td>"))
             parts.append(_html_row(cells))
+        parts.append("</table>")
+    shape_rows = shape_class_rows(m.get("shape_classes", {}))
+    if shape_rows:
+        parts.append("<h2>Shape classes per backend</h2><table id='shape-classes'>" + _html_row(list(_SHAPE_HEAD), "th"))
+        parts += [_html_row(list(row)) for row in shape_rows]
         parts.append("</table>")
     parts.append("<h2>Skip reasons</h2><table>" + _html_row(["cases", "reason"], "th"))
     parts += [_html_row([n, reason]) for reason, n in model.skip_reasons]
