@@ -120,19 +120,29 @@ def runnable(backend_name, backends):
     tokens=st.integers(0, 10),
     top_k=st.integers(1, 4),
     routing=st.sampled_from(ROUTINGS),
+    # the ci profile keeps its budget: the shape classes there are the explicit examples below (and test_shape_class)
+    shape_class=st.just(None) if settings.get_current_profile_name() == "ci" else st.sampled_from([None, *SHAPE_CLASSES]),
 )
 # Pinned corner inputs, run for every backend in every profile; a failure the nightly database finds
 # gets its @example here too (the database alone is not in git).
-@example(case=0, seed=0, tokens=0, top_k=3, routing="random")  # zero tokens: an empty launch grid
-@example(case=7, seed=3, tokens=1, top_k=1, routing="all_to_one")  # one token, one expert
-@example(case=11, seed=5, tokens=10, top_k=4, routing="skip_experts")  # experts 0..E-k-1 get no token
-def test_conformance_hypothesis(backend_name, backends, runnable, case, seed, tokens, top_k, routing):
+@example(case=0, seed=0, tokens=0, top_k=3, routing="random", shape_class=None)  # zero tokens: an empty grid
+@example(case=7, seed=3, tokens=1, top_k=1, routing="all_to_one", shape_class=None)  # one token, one expert
+@example(case=11, seed=5, tokens=10, top_k=4, routing="skip_experts", shape_class=None)  # experts 0..E-k-1 idle
+@example(case=1, seed=0, tokens=0, top_k=1, routing="random", shape_class="k_tails_gpt-oss-120b_tp2")  # real layers
+@example(case=2, seed=0, tokens=0, top_k=1, routing="random", shape_class="expert_ids_past_255_kimi-k2")
+def test_conformance_hypothesis(backend_name, backends, runnable, case, seed, tokens, top_k, routing, shape_class):
     """Random problems, token counts (zero included), top-k (1 to 4: the structures differ in how they sum
-    three or more terms) and skewed routing for each backend. Under the nightly profile, target() steers
-    generation toward the largest error relative to the bound."""
+    three or more terms) and skewed routing for each backend; or a shape class (harness.inputs.shape_classes:
+    its own experts, H, I, tokens, top_k, routing and input layout, with the drawn scheme and seed), so that the
+    shared database keeps what it finds there too. Under the nightly profile, target() steers generation toward
+    the largest error relative to the bound."""
     scheme, act, platform = runnable[case % len(runnable)]
-    result = run_drawn_case(backends[backend_name], scheme, act, PLATFORMS[platform], _shape(), seed, tokens, top_k,
-                            routing)
+    if shape_class is None:
+        result = run_drawn_case(backends[backend_name], scheme, act, PLATFORMS[platform], _shape(), seed, tokens,
+                                top_k, routing)
+    else:
+        result = run_shape_class_case(backends[backend_name], scheme, SHAPE_CLASSES[shape_class], PLATFORMS[platform],
+                                      seed % 4)
     if isinstance(result, str):  # an unsupported shape or a declined checkpoint: never run there
         note(result)
         assume(False)
