@@ -67,9 +67,10 @@ def test_shape_class(backend_name, backends, shape_class, scheme, hypothesis_pro
         if chosen != scheme:
             pytest.skip(f"ci profile: {backend_name} runs {shape_class} with {chosen} (one scheme per class in turn; "
                         "--hypothesis-profile dev or nightly runs every scheme)")
-    result = run_shape_class_case(backend, scheme, SHAPE_CLASSES[shape_class], host)
+    runs = shape_class_runs(backend, scheme, SHAPE_CLASSES[shape_class], host)  # recorded before a crash can happen
     record_property(SHAPE_CLASS_PROPERTY, json.dumps(dict(backend=backend_name, shape_class=shape_class, scheme=scheme,
-                                                          declined=isinstance(result, str))))
+                                                          declined=isinstance(runs, str))))
+    result = runs if isinstance(runs, str) else run_shape_class_case(backend, scheme, SHAPE_CLASSES[shape_class], host)
     if isinstance(result, str):
         pytest.skip(result)
     known = known_failure_for(backend, scheme, True)
@@ -140,7 +141,8 @@ def test_conformance_hypothesis(backend_name, backends, runnable, case, seed, to
     if shape_class is None:
         result = run_drawn_case(backends[backend_name], scheme, act, PLATFORMS[platform], _shape(), seed, tokens,
                                 top_k, routing)
-    else:
+    else:  # the class fixes tokens, top_k and routing: the drawn ones are not used
+        note(f"shape class {shape_class}: {SHAPE_CLASSES[shape_class]} (drawn tokens, top_k and routing unused)")
         result = run_shape_class_case(backends[backend_name], scheme, SHAPE_CLASSES[shape_class], PLATFORMS[platform],
                                       seed % 4)
     if isinstance(result, str):  # an unsupported shape or a declined checkpoint: never run there

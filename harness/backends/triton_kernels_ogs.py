@@ -107,6 +107,10 @@ class TritonKernelsOgs:
         if problem.top_k & (problem.top_k - 1):
             return False, (f"top_k {problem.top_k}: triton_kernels 3.5.1's routing kernels need a power-of-two top_k "
                            "(vLLM patches them at import for DeepSeek-V4's 6; that patch is not modelled here)")
+        if problem.scheme.name == "w_mxfp4" and problem.hidden_size <= 128:
+            return False, (f"hidden_size {problem.hidden_size}: with the Hopper MX scale layout (num_warps 8) GEMM2's "
+                           "BLOCK_N must be a multiple of 256, which an N of 128 does not get (_matmul_ogs' "
+                           "static_assert, results/gpu-issue24/run-1); real models' hidden sizes are >= 2048")
         if problem.num_experts > 32767:
             return False, "expert ids are int16 in make_routing_data"
         return True, f"triton_kernels matmul_ogs ({problem.scheme.name}) from vLLM 0.33.0"

@@ -259,7 +259,10 @@ def run_shape_class_case(backend, scheme: str, shape_class, platform: Platform, 
     x, w, ids = case_inputs(shape, seed)
     ids = routed_ids(shape_class.routing, ids, e)
     out, trace = fused_moe(x, ckpt, w, ids, structure=backend_structure(backend), trace=True)
-    what = f"{scheme}/{act}/{backend.name}/{platform.name} at shape class {shape_class.name} ({shape_class.origin})"
+    what = (f"{scheme}/{act}/{backend.name}/{platform.name} at shape class {shape_class.name}: experts {e}, "
+            f"H {shape.hidden_size}, I {shape.intermediate_size}, tokens {shape.tokens}, top_k {shape.top_k}, "
+            f"{shape_class.routing} routing, {shape_class.layout} hidden_states, {str(shape_class.ids_dtype)[6:]} ids "
+            f"(from {shape_class.origin})")
     try:
         return compare_backend(backend, ckpt, (x, w, ids), out, trace, what,
                                present=lambda *t: present_inputs(shape_class, *t))

@@ -125,3 +125,7 @@ def guarded_call(backend, what: str, call: str, fn, *args):
     except CaseTimeout as exc:
         _HUNG[id(backend)] = str(exc)
         raise
+    except Exception as exc:  # the backend's own error: say which case and call raised it (a traceback note)
+        if hasattr(exc, "add_note"):
+            exc.add_note(f"raised by {backend.name}'s {call} in case {what}")
+        raise

@@ -61,7 +61,7 @@ def _tails(model: str, tp: int, **kw) -> ShapeClass:
 def _experts(model: str, routing: str, tokens: int, label: str, experts: int, **kw) -> ShapeClass:
     """experts: enough to keep the property (ids past 255, top_k 10); fewer than the model's costs less."""
     layer = MODEL_LAYERS[model]
-    return ShapeClass(f"{label}_{model}", f"{model}: {layer.num_experts} experts, top-{layer.top_k} (here {experts})",
+    return ShapeClass(f"{label}_{model}", f"{model}: {layer.num_experts} experts, top-{layer.top_k} (here {experts} experts)",
                       experts, 128, 128, tokens, layer.top_k, routing=routing, activation=layer.activation, **kw)
 
 

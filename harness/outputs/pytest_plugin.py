@@ -102,7 +102,7 @@ class _Collector:
             if key == SHAPE_CLASS_PROPERTY and report.when == "call":
                 info = json.loads(value)
                 t = self.shape_classes.setdefault(info["backend"], {"passed": 0, "failed": 0, "declined": 0, "reasons": {}})
-                if info.get("declined"):
+                if info.get("declined") or report.skipped:  # supports() or prepare() declined
                     t["declined"] += 1
                     reason = self._first_line(report)
                     t["reasons"][reason] = t["reasons"].get(reason, 0) + 1
