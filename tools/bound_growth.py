@@ -1,0 +1,78 @@
+"""How the derived MoE bound grows with K, beside a correct kernel's error and a real bug's (issue 24 item 7).
+
+For each scheme and each H = I (8 experts, 8 tokens, top-4, biased, SILU, structure vllm_triton), over the
+outputs that matter (|out| >= 2^-8 max|out|): the median and 90th percentile of bound / |out|; the median of the
+bound with the activation re-quantization allowance removed (what the rest of the bound is); the largest
+|error| / |out| of a correct kernel (and the largest fraction of its bound it uses) (the catalog's control: fp32-operand emulation, another summation order);
+the median |error| / |out| of vLLM's FP8 bias-before-dequantization bug (the catalog mutant) and the fraction
+of elements the bound lets it through. A bound that grows faster than the correct kernel's error shows here.
+
+    .venv/bin/python tools/bound_growth.py [--sizes 256 1024 2880] [--scheme w_fp8_a_fp8 ...]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from harness.core import tolerances  # noqa: E402
+from harness.core.conformance import Shape, case_inputs  # noqa: E402
+from harness.detection.catalog import make_mutant  # noqa: E402
+from reference.checkpoints import make_checkpoint  # noqa: E402
+from reference.moe import fused_moe  # noqa: E402
+from reference.structure import structure_by_name  # noqa: E402
+
+
+def _row(scheme: str, size: int, act: str = "SILU") -> str:
+    st = structure_by_name("vllm_triton")
+    shape = Shape(8, size, size, 8, 4)
+    ckpt = make_checkpoint(scheme, act, 8, size, size, seed=0, with_bias=True)
+    x, w, ids = case_inputs(shape, 0)
+    out, trace = fused_moe(x, ckpt, w, ids, structure=st, trace=True)
+    o = out.double()
+    big = o.abs() >= o.abs().max() * 2.0**-8
+    rel = lambda t: (t.double().abs()[big] / o.abs()[big])  # noqa: E731
+    bound = tolerances.moe_error_bound(trace, ckpt).bound
+    saved = tolerances.requantization_deviation
+    tolerances.requantization_deviation = lambda y, *a, **k: torch.zeros_like(y)  # noqa: E731
+    try:
+        no_flips = tolerances.moe_error_bound(trace, ckpt).bound
+    finally:
+        tolerances.requantization_deviation = saved
+    correct = make_mutant("control", st)
+    err_ok = correct.forward(correct.prepare(ckpt), x, w, ids).double() - o
+    cells = [scheme, str(size), f"{rel(bound).median():.3g}", f"{rel(bound).quantile(0.9):.3g}",
+             f"{rel(no_flips).median():.3g}", f"{rel(err_ok).max():.2g}",
+             f"{(err_ok.abs() / bound.double().clamp_min(1e-300))[big & (bound.double() > 0)].max():.2g}"]
+    if ckpt.scheme.act is not None and ckpt.scheme.act.static:
+        bug = make_mutant("fp8_bias_before_dequantization", st)
+        err_bug = bug.forward(bug.prepare(ckpt), x, w, ids).double() - o
+        caught = (err_bug.abs() > bound.double())[big].double().mean()
+        cells += [f"{rel(err_bug).median():.3g}", f"{caught:.1%}"]
+    else:
+        cells += ["-", "-"]
+    return "| " + " | ".join(cells) + " |"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", nargs="+", type=int, default=[256, 1024, 2048, 3072], help="H = I (multiples of 128)")
+    p.add_argument("--scheme", action="append", help="default: bf16, w_mxfp4, w_fp8_a_fp8, w_fp8_a_fp8_block")
+    args = p.parse_args()
+    schemes = args.scheme or ["bf16", "w_mxfp4", "w_fp8_a_fp8", "w_fp8_a_fp8_block"]
+    print("| scheme | H = I | bound/|out| median | p90 | bound without re-quantization flips, median | correct "
+          "kernel |err|/|out| max | its largest fraction of the bound | FP8 bias bug |err|/|out| median | bug elements "
+          "out of bound |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for scheme in schemes:
+        for size in args.sizes:
+            print(_row(scheme, size), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
