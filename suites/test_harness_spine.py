@@ -113,6 +113,9 @@ def test_entry_point_backends_are_registered(monkeypatch):
     assert "simple_example" in hb.registered_backends()
 
 
+HOST = detect_platform().name  # the subprocesses select this machine's own cases (on a GPU host: its platform's)
+
+
 def _pytest(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--hypothesis-profile=ci", "-q", *args],
@@ -121,18 +124,18 @@ def _pytest(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_an_outside_backend_gets_the_whole_suite_and_passes():
-    proc = _pytest("suites/test_conformance.py", "--backend", "examples.simple_backend:make_backend", "-m", "cpu")
+    proc = _pytest("suites/test_conformance.py", "--backend", "examples.simple_backend:make_backend", "-m", HOST)
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert proc.stdout.splitlines()[-1].split()[0].isdigit() and "failed" not in proc.stdout.splitlines()[-1]
 
 
 def test_a_wrong_outside_backend_fails_naming_scheme_stage_and_element():
     proc = _pytest("suites/test_conformance.py", "--backend", "examples.wrong_backend:make_backend",
-                   "-k", "w_mxfp4_a_mxfp4/SILU/ and cpu and not hypothesis")
+                   "-k", f"w_mxfp4_a_mxfp4/SILU/ and {HOST} and not hypothesis")
     assert proc.returncode == 1
-    line = next(ln for ln in proc.stdout.splitlines() if "AssertionError: w_mxfp4_a_mxfp4/SILU/wrong_example/cpu" in ln)
+    line = next(ln for ln in proc.stdout.splitlines() if f"AssertionError: w_mxfp4_a_mxfp4/SILU/wrong_example/{HOST}" in ln)
     assert ": output:" in line and "elements out of bound" in line and "ulp" in line and "its bound" in line
-    assert line.count("wrong_example/cpu") == 1  # the case id once
+    assert line.count(f"wrong_example/{HOST}") == 1  # the case id once
     assert "worst relative to its bound: index (" in proc.stdout and "expected" in proc.stdout
     assert "the reference is closer" in proc.stdout  # the kernel's a2 is unquantized: farther from exact math
     assert "assumed the declared structure rounded_terms" in proc.stdout
@@ -140,9 +143,9 @@ def test_a_wrong_outside_backend_fails_naming_scheme_stage_and_element():
 
 def test_repro_writes_a_shrunk_case_and_a_script_that_fails_the_same_way(tmp_path):
     proc = _pytest("suites/test_conformance.py", "--backend", "examples.wrong_backend:make_backend",
-                   "-k", "w_mxfp4_a_mxfp4/SILU/ and cpu and not hypothesis", "--repro", str(tmp_path))
+                   "-k", f"w_mxfp4_a_mxfp4/SILU/ and {HOST} and not hypothesis", "--repro", str(tmp_path))
     assert proc.returncode == 1 and "reproducer: python" in proc.stdout
-    folder = tmp_path / "w_mxfp4_a_mxfp4_SILU_wrong_example_cpu"
+    folder = tmp_path / f"w_mxfp4_a_mxfp4_SILU_wrong_example_{HOST}"
     assert (folder / "case.pt").is_file() and (folder / "repro.py").is_file()
     case = torch.load(folder / "case.pt", weights_only=False)
     x, w, ids = case["inputs"]
@@ -159,7 +162,7 @@ def test_a_backend_that_declares_a_structure_it_does_not_follow_fails_and_is_tol
     """The simple example computes "rounded_terms"; declaring "vllm_triton" instead must fail, with the
     structure the reference assumed in the message (the declaration is checked, not trusted)."""
     proc = _pytest("suites/test_conformance.py", "--backend", "examples.wrong_structure_backend:make_backend",
-                   "-k", "(w_mxfp4/SILU/ or bf16/GELU/ or w_fp8_a_fp8/SWIGLUOAI/) and cpu and not hypothesis")
+                   "-k", f"(w_mxfp4/SILU/ or bf16/GELU/ or w_fp8_a_fp8/SWIGLUOAI/) and {HOST} and not hypothesis")
     assert proc.returncode == 1, proc.stdout[-3000:]
     assert "3 failed" in proc.stdout.splitlines()[-1]
     assert "assumed the declared structure vllm_triton" in proc.stdout

@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 
 from harness.outputs.report import CaseResult, load_results, write_report
+from harness.platforms import detect_platform
 
 ROOT = Path(__file__).resolve().parent.parent
+HOST = detect_platform().name  # the subprocess selects this machine's own cases (on a GPU host: its platform's)
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -59,12 +61,12 @@ def test_pytest_report_option_records_a_wrong_backend_as_failed(tmp_path):
     cmd = [sys.executable, "-m", "pytest", "suites/test_conformance.py", "-q", "-p", "no:cacheprovider",
            "-p", "no:randomly", "--hypothesis-profile=ci", f"--report={out}", f"--junitxml={out}/junit.xml",
            "--backend", "torch_emulation", "--backend", "examples.wrong_backend:make_backend",
-           "-k", "test_conformance[ and w_mxfp4_a_mxfp4/SILU/ and cpu"]
+           "-k", f"test_conformance[ and w_mxfp4_a_mxfp4/SILU/ and {HOST}"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 1, proc.stdout + proc.stderr  # the wrong backend fails
     assert "conformance summary" in proc.stdout
     cases = {(c["backend"], c["platform"]): c for c in json.loads((out / "results.json").read_text())["cases"]}
-    good, bad = cases[("torch_emulation", "cpu")], cases[("wrong_example", "cpu")]
+    good, bad = cases[("torch_emulation", HOST)], cases[("wrong_example", HOST)]
     assert good["outcome"] == "passed" and good["max_ratio"] <= 1 and sum(good["ratio_histogram"]) == good["n_total"]
     assert bad["outcome"] == "failed" and bad["max_ratio"] > 1 and bad["n_bad"] > 0
     assert "out of bound" in bad["reason"] and "wrong_example" in bad["reason"]
