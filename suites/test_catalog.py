@@ -55,6 +55,24 @@ def test_control_passes_every_check(structure):
     assert checks > 200  # it really ran the cases (cpu and gfx942 semantics)
 
 
+def test_the_catalog_runs_the_same_checks_on_a_gpu_host(monkeypatch):
+    """Issue 25: on the H200 the controls saw 48 checks (the simulated cpu cases were skipped as "same semantics
+    as this machine's"); the catalog's hunt now fixes its host to cpu, so a GPU host runs the same 240."""
+    import harness.core.conformance as conformance
+    from harness.detection.catalog import CATALOG_PLATFORMS
+    from harness.platforms import PLATFORMS
+
+    control = make_mutant(CONTROL.name)
+
+    def runnable():
+        return sum(reason is None for _, reason in conformance.conformance_cases(
+            {control.name: control}, [PLATFORMS[p] for p in CATALOG_PLATFORMS], host=PLATFORMS["cpu"]))
+
+    here = runnable()
+    monkeypatch.setattr(conformance, "detect_platform", lambda: PLATFORMS["sm90"])
+    assert runnable() == here > 200
+
+
 def test_the_fp8_bias_bug_fails_most_elements_of_every_biased_case():
     """vLLM's bias-before-dequantization bug (PR 31676) must not hide among 8 of 32768 elements."""
     from harness.core.conformance import SHAPES, conformance_cases, run_case
@@ -62,7 +80,7 @@ def test_the_fp8_bias_bug_fails_most_elements_of_every_biased_case():
 
     mutant = make_mutant("fp8_bias_before_dequantization")
     biased = 0
-    for case, reason in conformance_cases({mutant.name: mutant}, [PLATFORMS["cpu"]]):
+    for case, reason in conformance_cases({mutant.name: mutant}, [PLATFORMS["cpu"]], host=PLATFORMS["cpu"]):
         if reason or case.scheme.name != "w_fp8_a_fp8":
             continue
         result = run_case(mutant, case, SHAPES["cpu"])

@@ -346,10 +346,11 @@ def quantizer_property(backend, hypothesis_settings):
     return entry_points_are_bit_exact
 
 
-def conformance_cases(backends: dict, platforms=None):
+def conformance_cases(backends: dict, platforms=None, host: Platform | None = None):
     """Every (ConformanceCase, skip reason or None) for these backends on these platforms (default: all),
-    in the order the suite parametrizes them."""
-    host = detect_platform()
+    in the order the suite parametrizes them. host: the machine the skip reasons assume (default: this one;
+    the catalog passes cpu so that its checks are the same on every host)."""
+    host = host or detect_platform()
     for bname in sorted(backends):
         for platform in (platforms or PLATFORMS.values()):
             for scheme in SCHEMES.values():
