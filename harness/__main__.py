@@ -200,6 +200,56 @@ def _parallel(args) -> int:
     return 1 if failed else 0
 
 
+def _diagnose(args) -> int:
+    """Which numerical structures each backend's outputs conform to, over every conformance case it runs on this
+    machine (or the --scheme / --activation ones): the declared one, every built-in one and every one-field change
+    of the declared one (harness.core.structure_fit)."""
+    from harness.backends import (Declined, backend_accumulation_error, backend_operand_dtype, backend_prepare,
+                                  backend_structure, load_backend)
+    from harness.core.conformance import backend_shape, case_problem, conformance_cases, default_shape, reference_run
+    from harness.core.structure_fit import structure_verdicts
+    from harness.platforms import detect_platform
+
+    host = detect_platform()
+    for name in args.backend:
+        backend = load_backend(name)
+        declared = backend_structure(backend)
+        fit_all: dict[str, int] = {}
+        n = 0
+        for case, reason in conformance_cases({backend.name: backend}, [host]):
+            if reason or (args.scheme and case.scheme.name not in args.scheme) or (
+                    args.activation and case.activation.name not in args.activation):
+                continue
+            problem, _, _ = case_problem(backend, case.scheme, case.activation, host, default_shape(host))
+            shape = backend_shape(backend, default_shape(host))
+            ckpt, inputs, _, _ = reference_run(case.scheme.name, case.activation.name, host.fp8_format.name, shape, 0,
+                                               declared, problem.has_bias)
+            try:
+                prepared = backend_prepare(backend, ckpt)
+            except Declined:
+                continue
+            device = getattr(backend, "device", "cpu")
+            got = backend.forward(prepared, *(t.to(device) for t in inputs)).cpu()
+            verdicts = structure_verdicts(got, ckpt, inputs, declared, backend_operand_dtype(backend),
+                                          backend_accumulation_error(backend))
+            n += 1
+            for label, ok in verdicts.items():
+                fit_all[label] = fit_all.get(label, 0) + ok
+            if args.verbose:
+                print(f"  {case.id}: fits {[k for k, ok in verdicts.items() if ok] or 'nothing'}")
+        every = [label for label, k in fit_all.items() if k == n]
+        print(f"{backend.name} (declares {declared.name}), {n} cases on {host.name}:")
+        if not n:
+            print("  no case runs here")
+        elif every:
+            print("  conforms on every case to: " + "; ".join(every))
+        else:
+            best = max(fit_all.items(), key=lambda kv: kv[1])
+            print(f"  conforms to no single structure on every case (best: {best[0]}, {best[1]} of {n} cases): "
+                  "a deviation in some case, not only a declaration")
+    return 0
+
+
 def _model_shapes(args) -> int:
     """Conformance at the layer shapes real models have (harness.inputs.model_shapes), all experts' weights
     built: per (model/TP share, tokens, scheme) the verdict and the largest fraction of the bound used."""
@@ -281,6 +331,7 @@ COMMANDS = {
     "backends": (_backends, "every registered backend: its structure, what it supports per platform, whether it runs here"),
     "matrix": (_matrix, "the nightly GPU CI matrix (JSON for GitHub Actions' strategy.matrix), from the platform data"),
     "bench-reference": (_bench_reference, "CPU throughput of the reference quantizers"),
+    "diagnose": (_diagnose, "which numerical structure a backend's outputs conform to on every case it runs here"),
     "model-shapes": (_model_shapes, "conformance at real models' layer shapes (TP shares, 1/8/64 tokens), all experts built"),
     "parallel": (_parallel, "sharded (TP/EP) conformance: simulated, or one process per rank over NCCL/gloo"),
 }
@@ -321,6 +372,11 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--scheme", action="append", choices=list(SCHEMES), help="only these schemes")
             p.add_argument("--activation", action="append", choices=list(ACTIVATIONS),
                            help="with --scheme: these activations too")
+        if name == "diagnose":
+            p.add_argument("--backend", action="append", required=True, help="registered name or module:factory")
+            p.add_argument("--scheme", action="append", choices=list(SCHEMES), help="only these schemes")
+            p.add_argument("--activation", action="append", choices=list(ACTIVATIONS), help="only these activations")
+            p.add_argument("--verbose", action="store_true", help="each case's fits")
         if name == "model-shapes":
             from harness.inputs.model_shapes import MODEL_LAYERS
 

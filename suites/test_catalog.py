@@ -65,7 +65,7 @@ def test_the_catalog_runs_the_same_checks_on_a_gpu_host(monkeypatch):
     from harness.platforms import PLATFORMS
 
     ran = []
-    monkeypatch.setattr(catalog, "run_case", lambda b, case, shape: ran.append(case.id) or types.SimpleNamespace(
+    monkeypatch.setattr(catalog, "run_case", lambda b, case, shape, **kw: ran.append(case.id) or types.SimpleNamespace(
         ok=True, message=lambda: ""))
     monkeypatch.setattr(catalog, "quantizer_cases", lambda b: [])
     _, _, here = hunt(make_mutant(CONTROL.name))

@@ -166,6 +166,40 @@ def test_a_backend_that_declares_a_structure_it_does_not_follow_fails_and_is_tol
     assert proc.returncode == 1, proc.stdout[-3000:]
     assert "3 failed" in proc.stdout.splitlines()[-1]
     assert "assumed the declared structure vllm_triton" in proc.stdout
+    # and told what it does compute (issue 26: a newcomer must not have to guess)
+    assert "conforms to numerical_structure = 'rounded_terms'" in proc.stdout
+
+
+def test_diagnose_names_the_structure_each_backend_computes():
+    out = subprocess.run([sys.executable, "-m", "harness", "diagnose", "--scheme", "bf16", "--scheme", "w_mxfp4",
+                          "--backend", "examples.wrong_structure_backend:make_backend",
+                          "--backend", "examples.wrong_backend:make_backend"], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    wrong_structure = text[text.index("wrong_structure_example"):text.index("wrong_example (")]
+    assert "conforms on every case to: numerical_structure = 'rounded_terms'" in wrong_structure
+    # the a2-dropping example computes every weight-only case right: only cases with an a2 quantization expose it
+    assert "conforms on every case to: numerical_structure = 'rounded_terms' (declared)" in text[text.index(
+        "wrong_example ("):]
+
+
+def test_a_failure_says_which_structure_the_output_conforms_to_or_that_none_does():
+    from harness.detection.catalog import _another_structure, make_mutant
+    from reference.activations import ACTIVATIONS
+    from reference.schemes import SCHEMES
+    from reference.structure import STRUCTURES
+
+    case = lambda m, scheme: ConformanceCase(m.name, PLATFORMS["cpu"], SCHEMES[scheme], ACTIVATIONS["SILU"])  # noqa: E731
+    for declared in STRUCTURES.values():
+        mutant = make_mutant("structure_not_as_declared", declared)
+        result = run_case(mutant, case(mutant, "w_mxfp4"), SHAPES["cpu"])
+        assert not result.ok and result.structure_fits
+        assert f"numerical_structure = {_another_structure(declared).name!r}" in result.structure_fits
+        assert f"conforms to numerical_structure = {_another_structure(declared).name!r}" in result.message() \
+            or f"numerical_structure = {_another_structure(declared).name!r}" in result.message()
+    wrong = make_mutant("a2_qdq_dropped")
+    result = run_case(wrong, case(wrong, "w_mxfp4_a_mxfp4"), SHAPES["cpu"])
+    assert not result.ok and result.structure_fits == () and "conforms to no known structure" in result.message()
 
 
 def test_pytest_m_gfx942_runs_here_with_hardware_cases_skipped_and_reasons_shown():

@@ -27,6 +27,7 @@ from harness.backends import (Declined, Problem, backend_accumulation_error, bac
                        backend_prepare, backend_structure, checked_supports)
 from harness.core.guard import check_unmodified, checkpoint_pairs, guarded_call, private_checkpoint, private_copy
 from harness.platforms import Platform
+from harness.core.structure_fit import conforming_structures
 from harness.core.tolerances import Comparison, Exact, compare, moe_error_bound
 from harness.inputs.shape_classes import present_inputs
 from harness.inputs.strategies import mx_tensor
@@ -146,7 +147,7 @@ def reference_run(scheme: str, act: str, fp8_name: str, shape: Shape, seed: int,
 
 
 def compare_backend(backend, ckpt: MoECheckpoint, inputs, out: torch.Tensor, trace: MoETrace, what: str,
-                    present=None) -> Comparison:
+                    present=None, diagnose: bool = True) -> Comparison:
     """Run the backend on a case and compare with the reference output computed with its declared
     structure. prepare() may decline the checkpoint (NotImplementedError): Declined propagates.
     present(x, w, ids) -> (x, w, ids): how the inputs are handed over (the same values; a strided view, int32
@@ -173,6 +174,10 @@ def compare_backend(backend, ckpt: MoECheckpoint, inputs, out: torch.Tensor, tra
     if not result.ok and result.worst_index is not None:  # say who is closer to the exact value
         exact = fused_moe(*inputs[:1], ckpt, *inputs[1:], structure=structure, exact=True)
         result = compare(out, got.cpu(), bound, f"{what}: output", structure=structure, exact=exact)
+    if diagnose and not result.ok and result.n_nonfinite == 0:  # and which structure it does follow, if any
+        fits = conforming_structures(got.cpu(), ckpt, inputs, structure, backend_operand_dtype(backend),
+                                     backend_accumulation_error(backend))
+        result = dataclasses.replace(result, structure_fits=tuple(fits))
     return result
 
 
@@ -246,7 +251,8 @@ def shape_class_runs(backend, scheme: str, shape_class, platform: Platform):
     return f"{backend.name} does not support {scheme} at {shape_class.name} {shape_class.shape_fields}: {reason}"
 
 
-def run_shape_class_case(backend, scheme: str, shape_class, platform: Platform, seed: int = 0) -> Comparison | str:
+def run_shape_class_case(backend, scheme: str, shape_class, platform: Platform, seed: int = 0,
+                         diagnose: bool = True) -> Comparison | str:
     """One shape class (harness.inputs.shape_classes) for one scheme: the comparison, or why it does not run
     (shape_class_runs; or prepare() declines the checkpoint)."""
     runs = shape_class_runs(backend, scheme, shape_class, platform)
@@ -265,7 +271,7 @@ def run_shape_class_case(backend, scheme: str, shape_class, platform: Platform, 
             f"(from {shape_class.origin})")
     try:
         return compare_backend(backend, ckpt, (x, w, ids), out, trace, what,
-                               present=lambda *t: present_inputs(shape_class, *t))
+                               present=lambda *t: present_inputs(shape_class, *t), diagnose=diagnose)
     except Declined as declined:
         return str(declined)
 
@@ -280,7 +286,7 @@ def check_output(what: str, got, shape: tuple[int, ...]) -> None:
         raise ValueError(f"{what}: forward() must return hidden_states' shape {shape}, got {tuple(got.shape)}")
 
 
-def run_case(backend, case: ConformanceCase, shape: Shape, seed: int = 0) -> Comparison:
+def run_case(backend, case: ConformanceCase, shape: Shape, seed: int = 0, diagnose: bool = True) -> Comparison:
     problem, ok, reason = case_problem(backend, case.scheme, case.activation, case.platform, shape)
     if not ok:
         raise ValueError(f"{case.id}: {backend.name} does not support this case ({reason})")
@@ -289,7 +295,7 @@ def run_case(backend, case: ConformanceCase, shape: Shape, seed: int = 0) -> Com
         case.scheme.name, case.activation.name, case.platform.fp8_format.name, shape, seed,
         backend_structure(backend), problem.has_bias,
     )
-    return compare_backend(backend, ckpt, inputs, out, trace, case.id)
+    return compare_backend(backend, ckpt, inputs, out, trace, case.id, diagnose=diagnose)
 
 
 # ---- quantizer entry points -------------------------------------------------------------------------

@@ -119,6 +119,15 @@ class Worst:
         return text
 
 
+def describe_fits(fits) -> str:
+    """The failure message's line on the structures the output conforms to (harness.core.structure_fit)."""
+    if not fits:
+        return ("  conforms to no known structure on this case (none of the built-in structures, nor any one-field "
+                "change of the declared one): a deviation, not a declaration")
+    more = f" (also fits: {'; '.join(fits[1:4])}{' ...' if len(fits) > 4 else ''})" if len(fits) > 1 else ""
+    return f"  conforms to {len(fits)} other structure(s) on this case: declare {fits[0]}{more}"
+
+
 @dataclass
 class Comparison:
     ok: bool
@@ -141,6 +150,9 @@ class Comparison:
     worst_exact: Worst | None = None  # the bound-0 element that differs most, in ulps
     structure: str | None = None  # the numerical structure the reference and bound assumed (label)
     n_nonfinite: int = 0  # NaN or Inf where the reference is finite
+    # on failure, when diagnosed: how to declare each other structure the output conforms to (harness.core.
+    # structure_fit); () = none fits; None = not diagnosed
+    structure_fits: tuple[str, ...] | None = None
 
     def message(self) -> str:
         if self.ok:
@@ -155,6 +167,9 @@ class Comparison:
         if self.n_exact_differ:
             parts.append(f"{self.n_exact_differ} of the {self.n_exact_required} elements that must match exactly "
                          f"differ (worst {self.worst_exact.ulps:.1f} ulp)")
+        if self.structure_fits is not None:
+            parts.append(f"conforms to {self.structure_fits[0]}" if self.structure_fits else
+                         "conforms to no known structure")
         lines = ["; ".join(parts)]
         if self.worst is not None:
             lines.append(f"  worst relative to its bound: {self.worst.describe()}")
@@ -165,6 +180,8 @@ class Comparison:
                          "reference's value there; NaN and Inf outputs must match in place and sign)")
         if self.structure:
             lines.append(f"  the reference and bound assumed the declared structure {self.structure}")
+        if self.structure_fits is not None:
+            lines.append(describe_fits(self.structure_fits))
         return "\n".join(lines)
 
     @property
