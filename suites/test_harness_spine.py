@@ -171,7 +171,7 @@ def test_a_backend_that_declares_a_structure_it_does_not_follow_fails_and_is_tol
 
 
 def test_diagnose_names_the_structure_each_backend_computes():
-    out = subprocess.run([sys.executable, "-m", "harness", "diagnose", "--scheme", "bf16", "--scheme", "w_mxfp4",
+    out = subprocess.run([sys.executable, "-m", "harness", "diagnose", "--scheme", "bf16",
                           "--backend", "examples.wrong_structure_backend:make_backend",
                           "--backend", "examples.wrong_backend:make_backend"], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
