@@ -53,7 +53,10 @@ settings.register_profile(
 settings.register_profile(
     "nightly", max_examples=2000, deadline=None, database=_DB, print_blob=True, suppress_health_check=_SLOW_OK,
 )
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+_PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "dev")
+if _PROFILE not in ("dev", "ci", "nightly"):  # conftest.PROFILES, checked before it is defined
+    raise pytest.UsageError(f"HYPOTHESIS_PROFILE={_PROFILE!r}: expected one of dev, ci, nightly (conftest.py)")
+settings.load_profile(_PROFILE)
 
 
 pytest_plugins = ["harness.outputs.pytest_plugin"]  # --report DIR: the conformance report
@@ -82,20 +85,42 @@ def pytest_addoption(parser):
                          "fewest tokens and experts that still fail")
 
 
+PROFILES = ("dev", "ci", "nightly")
+
+
+@pytest.hookimpl(tryfirst=True)  # before Hypothesis's own plugin loads the profile (an INTERNALERROR otherwise)
 def pytest_configure(config):
     from harness.backends import load_backend, registered_backends
+
+    profile = config.getoption("hypothesis_profile", None)
+    if profile is not None and profile not in PROFILES:
+        raise pytest.UsageError(f"--hypothesis-profile {profile}: expected one of {', '.join(PROFILES)} (conftest.py)")
 
     for p in PLATFORMS.values():  # markers come from the platform data: a new platform is one record
         config.addinivalue_line("markers", f"{p.name}: must hold on {p.description}")
 
-    if config.getoption("--case-timeout") is not None:  # the environment carries it to xdist workers
-        os.environ["MOE_CONFORMANCE_CASE_TIMEOUT"] = str(config.getoption("--case-timeout"))
+    timeout = config.getoption("--case-timeout")
+    if timeout is not None:  # the environment carries it to xdist workers
+        if not (timeout >= 0 and timeout < float("inf")):
+            raise pytest.UsageError(f"--case-timeout {timeout:g}: must be a number of seconds >= 0 (0: no limit)")
+        os.environ["MOE_CONFORMANCE_CASE_TIMEOUT"] = str(timeout)
+    repro = config.getoption("--repro")
+    if repro is not None and os.path.exists(repro) and not os.path.isdir(repro):
+        raise pytest.UsageError(f"--repro {repro}: is an existing file; --repro wants a directory to write into")
     specs = config.getoption("--backend")
     if specs:
-        try:
-            loaded = [(spec, load_backend(spec)) for spec in specs]
-        except (ValueError, TypeError) as exc:  # one line naming the --backend value, not an INTERNALERROR
-            raise pytest.UsageError(str(exc)) from None
+        loaded = []
+        for spec in specs:
+            try:
+                loaded.append((spec, load_backend(spec)))
+            except Exception as exc:  # noqa: BLE001 - one line naming the --backend value, not an INTERNALERROR
+                raise pytest.UsageError(f"--backend {spec}: {type(exc).__name__}: {exc}") from None
+        names: dict[str, str] = {}
+        for spec, b in loaded:
+            if b.name in names:
+                raise pytest.UsageError(f"--backend {names[b.name]} and --backend {spec} both make a backend named "
+                                        f"{b.name!r}: give them distinct names (the later would replace the earlier)")
+            names[b.name] = spec
         config.moe_backends = {b.name: b for _, b in loaded}
         config.moe_backend_specs = {b.name: spec for spec, b in loaded}
     else:

@@ -121,3 +121,8 @@ def name_with_a_slash():
 
 
 NOT_A_FACTORY = 42
+
+
+def factory_raises():
+    """A factory that fails (no device, a missing library): the --backend value must be named, no INTERNALERROR."""
+    raise RuntimeError("this backend needs a device this machine does not have")

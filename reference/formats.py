@@ -209,6 +209,16 @@ def format_by_name(name: str) -> FloatFormat:
 _FLOAT_INPUTS = (torch.float32, torch.bfloat16, torch.float16)
 
 
+OUTPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def check_output_dtype(dtype, arg: str = "dtype") -> None:
+    """A dequantizer's output dtype: a real float type (an integer or FP8 dtype would silently truncate or
+    re-quantize the values)."""
+    if dtype not in OUTPUT_DTYPES:
+        raise TypeError(f"{arg} must be one of {[str(d) for d in OUTPUT_DTYPES]}, got {dtype!r}")
+
+
 def check_float_input(x: torch.Tensor, arg: str = "x") -> None:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{arg} must be a torch.Tensor, got {type(x).__name__}")

@@ -20,7 +20,7 @@ from typing import NamedTuple
 import torch
 
 from .formats import E4M3FN, E4M3FNUZ, E5M2, FloatFormat, Overflow, check_codes, check_float_input, check_int, decode
-from .formats import encode_finite
+from .formats import check_output_dtype, encode_finite
 
 __all__ = [
     "FP8_FORMATS",
@@ -178,6 +178,7 @@ def dequantize_fp8(
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     """fl(decode(code) * scale); the group shape is read off the scale's shape [..., M/bm, K/bk]."""
+    check_output_dtype(dtype)
     _check_fmt(fmt, None)
     check_codes(codes, fmt)
     if not isinstance(scale, torch.Tensor):
@@ -196,5 +197,6 @@ def dequantize_fp8(
 
 
 def qdq_fp8(x: torch.Tensor, fmt: FloatFormat, *, dtype: torch.dtype = torch.float32, **kwargs) -> torch.Tensor:
+    check_output_dtype(dtype)
     q = quantize_fp8(x, fmt, **kwargs)
     return dequantize_fp8(q.codes, q.scale, fmt, dtype=dtype)

@@ -24,7 +24,8 @@ from typing import NamedTuple
 import torch
 
 from .formats import E2M1, E2M3, E3M2, E4M3FN, E5M2, E8M0, FloatFormat, Overflow, check_codes, check_float_input
-from .formats import check_int, decode, encode_finite, exp2_int, floor_log2, ldexp_exact, round_to_format_grid
+from .formats import check_int, check_output_dtype, decode, encode_finite, exp2_int, floor_log2, ldexp_exact
+from .formats import round_to_format_grid
 
 __all__ = [
     "ScaleMode",
@@ -169,6 +170,7 @@ def dequantize_mx(
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     """element value * 2^(scale - 127); scale 0xFF gives NaN for the whole block."""
+    check_output_dtype(dtype)
     _check_elem(elem)
     check_codes(codes, elem)
     check_codes(scales, E8M0, "scales")
@@ -202,6 +204,7 @@ def qdq_mx(
 
     shared_exponent (int, the scales' shape) fixes each block's exponent instead of deriving it from the
     block: what a bound needs to ask "what would this block give under the neighbouring scale?"."""
+    check_output_dtype(dtype)
     check_float_input(x)
     _check_elem(elem)
     xb = _blocked(x, axis, block_size)

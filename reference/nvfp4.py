@@ -28,6 +28,7 @@ from .formats import (
     Overflow,
     check_codes,
     check_float_input,
+    check_output_dtype,
     decode,
     encode_finite,
     round_to_format_grid,
@@ -167,6 +168,7 @@ def dequantize_nvfp4(
     global_decode_scale: torch.Tensor,
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
+    check_output_dtype(dtype)
     check_codes(codes, E2M1)
     check_codes(block_scales, E4M3FN, "block_scales")
     if codes.dim() == 0 or codes.shape[-1] % NVFP4_BLOCK_SIZE:
@@ -198,6 +200,7 @@ def qdq_nvfp4(
     """Values directly (rounded on E2M1's grid, never through codes): must equal dequantize(quantize(x)).
 
     block_scales (uint8 E4M3FN codes, [..., K/16]) fixes the block scales instead of deriving them."""
+    check_output_dtype(dtype)
     xb, stored, _, s_dec_b = _scales(x, global_encode_scale, global_decode_scale, variant)
     if block_scales is not None:
         check_codes(block_scales, E4M3FN, "block_scales")

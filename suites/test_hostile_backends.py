@@ -70,10 +70,28 @@ def test_a_correct_backend_beside_them_still_passes(hostile_run):
     ("examples.hostile_backends:missing", "module 'examples.hostile_backends' has no 'missing'"),
     ("examples.hostile_backends:name_with_a_slash", "name 'vendor/kernel' must be a non-empty str of letters"),
     ("examples.hostile_backends:_Hostile", "_Hostile.__init__() missing 1 required positional argument"),
+    ("examples.hostile_backends:factory_raises", "--backend examples.hostile_backends:factory_raises: RuntimeError: "
+                                                 "this backend needs a device"),
 ])
 def test_a_bad_backend_spec_is_one_clear_line_at_start(spec, words):
     proc = _pytest("suites/test_conformance.py", "--backend", spec, "--co")
     assert proc.returncode == 4, proc.stdout[-2000:] + proc.stderr[-2000:]  # pytest's usage error
+    assert "INTERNALERROR" not in proc.stderr + proc.stdout
+    assert words in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--case-timeout", "-1"], "--case-timeout -1: must be a number of seconds >= 0"),
+    (["--repro", "README.md"], "--repro README.md: is an existing file"),
+    (["--backend", "triton_emulation", "--backend", "harness.backends.triton_emulation:make_backend"],
+     "both make a backend named 'triton_emulation'"),
+    (["--hypothesis-profile", "bogus"], "--hypothesis-profile bogus: expected one of dev, ci, nightly"),
+], ids=["negative_case_timeout", "repro_is_a_file", "two_specs_one_name", "unknown_profile"])
+def test_a_bad_option_is_one_clear_line_at_start(args, words):
+    """Issue 26: each of these was an itimer error, a NotADirectoryError in place of the failure, a silent
+    replacement of one backend by another, or an INTERNALERROR."""
+    proc = _pytest("suites/test_conformance.py", "--co", *args)
+    assert proc.returncode == 4, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "INTERNALERROR" not in proc.stderr + proc.stdout
     assert words in proc.stderr, proc.stderr
 
