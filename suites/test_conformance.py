@@ -63,6 +63,9 @@ def test_shape_class(backend_name, backends, shape_class, scheme, hypothesis_pro
     if not ok:
         pytest.skip(f"{backend_name} on this {host.name} machine: {why}")
     if hypothesis_profile == "ci":
+        if not getattr(backend, "ci_breadth", True):
+            pytest.skip(f"ci profile: {backend_name} runs the explicit cases only (ci_breadth False: a release kept "
+                        "for its known failure); dev and nightly run its shape classes")
         chosen = ci_shape_class_scheme(backend, shape_class, host)
         if chosen != scheme:
             pytest.skip(f"ci profile: {backend_name} runs {shape_class} with {chosen} (one scheme per class in turn; "
@@ -130,7 +133,6 @@ def runnable(backend_name, backends):
 @example(case=7, seed=3, tokens=1, top_k=1, routing="all_to_one", shape_class=None)  # one token, one expert
 @example(case=11, seed=5, tokens=10, top_k=4, routing="skip_experts", shape_class=None)  # experts 0..E-k-1 idle
 @example(case=1, seed=0, tokens=0, top_k=1, routing="random", shape_class="k_tails_gpt-oss-120b_tp2")  # real layers
-@example(case=2, seed=0, tokens=0, top_k=1, routing="random", shape_class="expert_ids_past_255_kimi-k2")
 def test_conformance_hypothesis(backend_name, backends, runnable, case, seed, tokens, top_k, routing, shape_class):
     """Random problems, token counts (zero included), top-k (1 to 4: the structures differ in how they sum
     three or more terms) and skewed routing for each backend; or a shape class (harness.inputs.shape_classes:

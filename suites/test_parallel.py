@@ -81,6 +81,8 @@ def _cpu_backends_sorted():
 def test_sharded_conformance(name, scheme, act, par, hypothesis_profile):
     """Every CPU backend sharded at TP 2, TP 4 and EP 2. Under the ci profile each (backend, case) runs one of
     the three in turn (every parallelism still runs for every backend and every case); other profiles run all."""
+    if hypothesis_profile == "ci" and not getattr(load_backend(name), "ci_breadth", True):
+        pytest.skip(f"ci profile: {name} runs the explicit cases only (a release kept for its known failure)")
     if hypothesis_profile == "ci" and par in PARALLELISMS:
         turn = PARALLELISMS[(_cpu_backends_sorted().index(name) + CASES.index((scheme, act))) % len(PARALLELISMS)]
         if par != turn:
