@@ -115,6 +115,12 @@ class QuantizerKind:
         block scale the inputs of its block can pick; their min and max bound the re-quantization."""
         raise NotImplementedError
 
+    def act_scale_group(self, q) -> int | None:
+        """How many consecutive activation elements of a row share a scale computed from their own values (so
+        each one's quantized value depends on all of them): 1 for a static scale, the block for dynamic block
+        scales, None when the whole row or tensor shares one (no two elements are independent)."""
+        return self.k_block(q)
+
 
 class _MX(QuantizerKind):
     name = "mx"
@@ -268,6 +274,11 @@ class _FP8(QuantizerKind):
 
     def calibrated_input_scale(self, amax, convention, fp8_format):
         return (amax / fp8_format.max_normal).float()
+
+    def act_scale_group(self, q) -> int | None:
+        if q.static:
+            return 1
+        return q.block_shape[1] if q.granularity is Granularity.PER_BLOCK and q.block_shape[0] == 1 else None
 
     def requantization_candidates(self, q, lo, hi, mag_lo, mag_hi, fp8_format, static_scale, scale_apply):
         fmax = fp8_format.max_normal

@@ -231,3 +231,64 @@ def test_a_declared_narrow_accumulator_is_allowed_exactly_what_it_declares():
             if not compare(out, got, moe_error_bound(trace, ckpt, torch.float32), f"{scheme}/{act}").ok:
                 caught.append(f"{scheme}/{act}")
     assert len(caught) == 12, f"the undeclared narrow accumulator was caught only in {caught}"
+
+
+# ---- the probabilistic GEMM terms (issue 24 item 7) ------------------------------------------------------
+
+
+def _round_toward_zero_fp32(x64: torch.Tensor) -> torch.Tensor:
+    x32 = x64.float()
+    return torch.where(x32.double().abs() > x64.abs(), torch.nextafter(x32, torch.zeros_like(x32)), x32).double()
+
+
+@pytest.mark.parametrize("k", [64, 1024, 4096])
+def test_probabilistic_gemm_term_holds_for_round_to_nearest_sums_and_is_tighter_than_the_worst_case(k):
+    """fp32 inner products in three orders (sequential, pairwise, 16-blocks), of random-sign and of all-positive
+    terms, stay inside gemm_relative_error * sum|x|, which is at most the worst case and, from K = 1024 on, under
+    a third of it (it grows like sqrt(K))."""
+    from harness.core.tolerances import gamma, gemm_relative_error
+
+    g = torch.Generator().manual_seed(k)
+    rel = gemm_relative_error(k, 0.0)
+    assert rel <= gamma(k + 4) and (k < 1024 or rel < gamma(k + 4) / 3)
+    for x in (torch.randn(64, k, generator=g), torch.randn(64, k, generator=g).abs()):
+        exact, bound = x.double().sum(1), rel * x.double().abs().sum(1)
+        for got in (x.cumsum(1)[:, -1], x.sum(1), x.reshape(64, -1, 16).sum(2).cumsum(1)[:, -1]):
+            assert bool(((got.double() - exact).abs() <= bound).all())
+
+
+def test_a_truncating_accumulator_breaks_the_probabilistic_term_so_it_is_declared_in_full():
+    """Rounding toward zero is not mean-zero: over 4096 positive terms its error grows like K u, past the
+    probabilistic term. That is why a backend on such an accumulator declares accumulation_error, which the
+    bound adds in full (here 2u K covers it)."""
+    from harness.core.tolerances import U_FP32, gemm_relative_error
+
+    x = torch.rand(32, 4096, generator=torch.Generator().manual_seed(1)).double()
+    acc = torch.zeros(32, dtype=torch.float64)
+    for j in range(x.shape[1]):
+        acc = _round_toward_zero_fp32(acc + x[:, j])
+    err, s1 = (acc - x.sum(1)).abs(), x.abs().sum(1)
+    assert bool((err > gemm_relative_error(4096, 0.0) * s1).any())
+    assert bool((err <= (gemm_relative_error(4096, 0.0) + 2 * U_FP32 * 4096) * s1).all())
+
+
+def test_at_real_sizes_the_fp8_bias_bug_fails_most_elements_and_a_correct_kernel_stays_far_inside():
+    """vLLM's FP8 bias-before-dequantization bug (the catalog mutant) at H = I = 1024: the worst-case bound let it
+    through on 44% of the elements (results/cpu-issue24/bound-growth.md); the probabilistic GEMM terms and the
+    weighed re-quantization flips fail it on most, while the catalog's correct control uses a small part of the
+    bound. The false-alarm probability is stated with the bound."""
+    from harness.core.conformance import Shape, case_inputs
+    from harness.detection.catalog import make_mutant
+    from reference.structure import structure_by_name
+
+    st = structure_by_name("vllm_triton")
+    ckpt = make_checkpoint("w_fp8_a_fp8", "SILU", 8, 1024, 1024, seed=0, with_bias=True)
+    x, w, ids = case_inputs(Shape(8, 1024, 1024, 8, 4), 0)
+    out, trace = fused_moe(x, ckpt, w, ids, structure=st, trace=True)
+    bound = moe_error_bound(trace, ckpt)
+    assert 0 < bound.false_alarm < 2.0**-25
+    bug, control = make_mutant("fp8_bias_before_dequantization", st), make_mutant("control", st)
+    caught = compare(out, bug.forward(bug.prepare(ckpt), x, w, ids), bound, "bias bug")
+    passed = compare(out, control.forward(control.prepare(ckpt), x, w, ids), bound, "control")
+    assert caught.n_bad > 0.7 * caught.n_total, caught.message()
+    assert passed.ok and passed.max_ratio < 0.5, passed.message()

@@ -8,6 +8,7 @@ the median |error| / |out| of vLLM's FP8 bias-before-dequantization bug (the cat
 of elements the bound lets it through. A bound that grows faster than the correct kernel's error shows here.
 
     .venv/bin/python tools/bound_growth.py [--sizes 256 1024 2880] [--scheme w_fp8_a_fp8 ...]
+    .venv/bin/python tools/bound_growth.py --model-shares      # gpt-oss-120b TP1/TP2, Kimi-K2 TP8 (FP8, biased)
 """
 from __future__ import annotations
 
@@ -27,10 +28,11 @@ from reference.moe import fused_moe  # noqa: E402
 from reference.structure import structure_by_name  # noqa: E402
 
 
-def _row(scheme: str, size: int, act: str = "SILU") -> str:
+def _row(scheme: str, size: int, act: str = "SILU", shape: Shape | None = None) -> str:
     st = structure_by_name("vllm_triton")
-    shape = Shape(8, size, size, 8, 4)
-    ckpt = make_checkpoint(scheme, act, 8, size, size, seed=0, with_bias=True)
+    shape = shape or Shape(8, size, size, 8, 4)
+    ckpt = make_checkpoint(scheme, act, shape.num_experts, shape.hidden_size, shape.intermediate_size, seed=0,
+                           with_bias=True)
     x, w, ids = case_inputs(shape, 0)
     out, trace = fused_moe(x, ckpt, w, ids, structure=st, trace=True)
     o = out.double()
@@ -45,7 +47,9 @@ def _row(scheme: str, size: int, act: str = "SILU") -> str:
         tolerances.requantization_deviation = saved
     correct = make_mutant("control", st)
     err_ok = correct.forward(correct.prepare(ckpt), x, w, ids).double() - o
-    cells = [scheme, str(size), f"{rel(bound).median():.3g}", f"{rel(bound).quantile(0.9):.3g}",
+    cells = [scheme, str(size) if shape.hidden_size == shape.intermediate_size == size else
+             f"{shape.num_experts} experts, H {shape.hidden_size}, I {shape.intermediate_size}, {shape.tokens} tokens, "
+             f"top-{shape.top_k}, {act}", f"{rel(bound).median():.3g}", f"{rel(bound).quantile(0.9):.3g}",
              f"{rel(no_flips).median():.3g}", f"{rel(err_ok).max():.2g}",
              f"{(err_ok.abs() / bound.double().clamp_min(1e-300))[big & (bound.double() > 0)].max():.2g}"]
     if ckpt.scheme.act is not None and ckpt.scheme.act.static:
@@ -62,12 +66,20 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", nargs="+", type=int, default=[256, 1024, 2048, 3072], help="H = I (multiples of 128)")
     p.add_argument("--scheme", action="append", help="default: bf16, w_mxfp4, w_fp8_a_fp8, w_fp8_a_fp8_block")
+    p.add_argument("--model-shares", action="store_true",
+                   help="instead: w_fp8_a_fp8 at gpt-oss-120b's TP1/TP2 and Kimi-K2's TP8 shares (16 or 8 experts)")
     args = p.parse_args()
     schemes = args.scheme or ["bf16", "w_mxfp4", "w_fp8_a_fp8", "w_fp8_a_fp8_block"]
     print("| scheme | H = I | bound/|out| median | p90 | bound without re-quantization flips, median | correct "
           "kernel |err|/|out| max | its largest fraction of the bound | FP8 bias bug |err|/|out| median | bug elements "
           "out of bound |")
     print("|---|---|---|---|---|---|---|---|---|")
+    if args.model_shares:
+        for act, shape in (("SWIGLUOAI", Shape(8, 2880, 1440, 8, 4)), ("SILU", Shape(8, 2880, 1440, 8, 4)),
+                           ("GELU", Shape(8, 2880, 1440, 8, 4)), ("SWIGLUOAI", Shape(8, 2880, 2880, 8, 4)),
+                           ("SILU", Shape(16, 7168, 256, 4, 8))):
+            print(_row("w_fp8_a_fp8", 0, act, shape), flush=True)
+        return 0
     for scheme in schemes:
         for size in args.sizes:
             print(_row(scheme, size), flush=True)

@@ -4,7 +4,9 @@ repository and run the suites there; every mutant must be caught (some test fail
     .venv/bin/python tools/mutate_reference.py            # all mutants, about 5 minutes on 2 cores
     .venv/bin/python tools/mutate_reference.py log2_pitfall
 
-Each mutant is (file, exact text, replacement, what it models). Exit status 1 if any survives.
+Each mutant is (file, exact text, replacement, what it models[, the tests that catch it, run first]). The
+optional last field only saves time (make test runs every mutant): those tests run alone first, and only if
+they do not catch it does the whole suite list run. Exit status 1 if any survives.
 Not a mutant: RCEIL computed as amax / max instead of amax * fl(1/max) is equivalent for every MX
 element format (fl(1/max) * max rounds to exactly 1.0 in fp32 for 6, 7.5, 28, 448 and 57344, and a
 search of 64 fp32 neighbours either side of max * 2^k found no amax where the two disagree).
@@ -93,12 +95,14 @@ MUTANTS = {
         "        a2[rows] = qdq(y[rows].float(), a2_scale).double() if aq is not None else y[rows]\n",
         "        a2[rows] = y[rows]\n",
         "reference MoE drops the a2 (GEMM2 input) quantization",
+        "suites/test_moe_reference.py::test_weight_only_schemes_leave_activations_untouched_and_their_twins_do_not",
     ),
     "moe_static_scale_mean": (
         "reference/moe.py",
         "        scales.append(s.float().amax())\n",
         "        scales.append(s.float().mean())\n",
         "static activation scale is the mean, not the max, over experts",
+        "suites/test_moe_reference.py::test_static_activation_scales_are_the_max_over_experts",
     ),
     "moe_swiglu_not_interleaved": (
         "reference/activations.py",
@@ -129,6 +133,8 @@ MUTANTS = {
         "            d = _through_rounding(d + d_term[:, j] + product, trace.acc_pre[:, j], st.gemm2_out)\n",
         "            d = d + d_term[:, j] + product\n",
         "the bound forgets that a sequential bf16 sum rounds after every add (too tight: fails correct kernels)",
+        "suites/test_moe_reference.py::test_every_scheme_and_activation_runs_and_a_correct_emulation_passes_the_bound"
+        "[w_nvfp4-SITU_NO_MUL]",
     ),
     "bound_no_rounding_allowance": (
         "harness/core/tolerances.py",
@@ -141,6 +147,7 @@ MUTANTS = {
         "    return ErrorBound(_through_rounding(d, trace.out_pre, Precision.BF16))\n",
         "    return ErrorBound(64 * _through_rounding(d, trace.out_pre, Precision.BF16) + 0.05 * trace.out.abs())\n",
         "a bound 64x too loose plus 5% (passes wrong kernels)",
+        "suites/test_structures.py::test_changing_any_field_of_a_structure_is_caught",
     ),
 }
 
@@ -164,7 +171,7 @@ CLI_TESTS = "not test_the_cli_answers_bad_arguments and not test_python_m_harnes
 
 
 def run(name: str) -> tuple[bool, float, str]:
-    path, old, new, _ = MUTANTS[name]
+    path, old, new, _, *first = MUTANTS[name]
     with tempfile.TemporaryDirectory() as tmp:
         dst = Path(tmp) / "repo"
         shutil.copytree(ROOT, dst, ignore=shutil.ignore_patterns(".venv", ".git", ".hypothesis", "report", "__pycache__",
@@ -174,11 +181,14 @@ def run(name: str) -> tuple[bool, float, str]:
             raise SystemExit(f"mutant {name}: the text to replace is not found exactly once in {path}")
         (dst / path).write_text(src.replace(old, new))
         t0 = time.perf_counter()
-        proc = subprocess.run(
-            [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--hypothesis-profile=ci",
-             "-k", CLI_TESTS, *SUITES],
-            cwd=dst, capture_output=True, text=True,
-        )
+        for tests in ([*first], SUITES) if first else (SUITES,):  # the hinted tests alone, then everything
+            proc = subprocess.run(
+                [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--hypothesis-profile=ci",
+                 "-k", CLI_TESTS, *tests],
+                cwd=dst, capture_output=True, text=True,
+            )
+            if proc.returncode == 1:
+                break
         dt = time.perf_counter() - t0
     failed = [line for line in proc.stdout.splitlines() if line.startswith("FAILED")]
     return proc.returncode == 1, dt, failed[0][7:] if failed else proc.stdout.strip().splitlines()[-1]

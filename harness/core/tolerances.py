@@ -5,7 +5,9 @@ The MoE bound (moe_error_bound) follows the reference trace stage by stage, for 
 declared numerical structure (reference.structure) that gets the same inputs and quantizes activations
 bit-exactly but may accumulate in any order in fp32, may feed its GEMMs bf16 operands where the
 dequantized values are not exactly bf16 (derived from the data), and rounds where its structure says:
-  GEMM      |h' - h| <= (2u_op + u_op^2 + gamma_{K+4} + e_acc) sum|w||a| + sum|w| d_a   (Higham 3.5)
+  GEMM      |h' - h| <= (2u_op + u_op^2 + gamma_{K+4} + e_acc) sum|w||a| + sum|w| d_a   (Higham 3.5),
+            the first term replaced by its probabilistic form where tighter (gemm_relative_error: ~lambda
+            sqrt(K) u, failing with probability <= 2^-50 per output), the last by weighed flips (_propagated)
             e_acc: 0 for fp32 accumulation; a backend whose hardware accumulator is narrower than fp32
             declares its relative error on sum|w||a| (Hopper's FP8 tensor cores: see torch_fp8)
             a router weight in the GEMM's epilogue scales this by |w| and adds one fp32 rounding
@@ -90,6 +92,9 @@ class ErrorBound:
 
     bound: torch.Tensor
     derivation: str = "moe_error_bound: forward error of each stage (see harness.core.tolerances)"
+    # an upper bound on the probability that a correct kernel exceeds the bound somewhere (the probabilistic GEMM
+    # terms: GEMM_FAILURE_PROBABILITY per GEMM output and per Hoeffding sum); 0 for a worst-case bound
+    false_alarm: float = 0.0
 
 
 @dataclass
@@ -150,6 +155,7 @@ class Comparison:
     worst_exact: Worst | None = None  # the bound-0 element that differs most, in ulps
     structure: str | None = None  # the numerical structure the reference and bound assumed (label)
     n_nonfinite: int = 0  # NaN or Inf where the reference is finite
+    false_alarm: float = 0.0  # the bound's probability of failing a correct kernel (ErrorBound.false_alarm)
     # on failure, when diagnosed: how to declare each other structure the output conforms to (harness.core.
     # structure_fit); () = none fits; None = not diagnosed
     structure_fits: tuple[str, ...] | None = None
@@ -267,7 +273,8 @@ def compare(expected: torch.Tensor, got: torch.Tensor, tolerance: Exact | ErrorB
     required = bound == 0
     extra = dict(max_ratio=max_ratio, worst_ulps=worst_ulps, ratio_histogram=ratio_histogram(ratio),
                  n_exact_required=int(required.sum()), n_exact_differ=int((required & bad).sum()), structure=label,
-                 n_nonfinite=int((finite & ~torch.isfinite(got.double())).sum()))
+                 n_nonfinite=int((finite & ~torch.isfinite(got.double())).sum()),
+                 false_alarm=getattr(tolerance, "false_alarm", 0.0))
     if n_bad == 0:
         return Comparison(True, what, 0, expected.numel(), **extra)
 
@@ -310,19 +317,89 @@ def _through_rounding(d: torch.Tensor, pre: torch.Tensor, precision: Precision) 
     return torch.maximum(round_to(pre + d, precision) - r, r - round_to(pre - d, precision))
 
 
-def _gemm_bound(w: torch.Tensor, a: torch.Tensor, d_a: torch.Tensor | None, bias, u_op: float, e_acc: float):
-    """Per-output bound of a' @ w.T computed in fp32 (plus e_acc sum|w||a| for a narrower accumulator)
-    from operands each possibly rounded with unit u_op (0 where the operands are exact), plus the
-    reference's own float64 accumulation error. The sum has K products, the bias, and up to three scale
-    multiplications per partial sum (activation, weight block or tensor scale, expert scale): gamma_{K+4}."""
-    k = w.shape[-1]
+# The GEMM terms are probabilistic where that is tighter (Higham and Mary, "A new approach to probabilistic
+# rounding error analysis", SIAM J. Sci. Comput. 41(5), 2019, Theorem 3.1 and its inner-product corollary):
+# if an inner product's rounding errors delta_j (|delta_j| <= u_j) are independent with mean zero, its error is
+# at most  expm1(lambda sqrt(sum u_j^2) + sum u_j^2 / (1 - u_j)) sum|w||a|  except with probability at most
+# (number of roundings) * 2 exp(-lambda^2 (1 - u_max)^2 / 2). The worst case grows like K u, this like
+# lambda sqrt(K) u. lambda is chosen per K so that the failure probability of one GEMM output is at most
+# GEMM_FAILURE_PROBABILITY; a case's false-alarm probability is at most that times its GEMM outputs
+# (gemm_outputs, reported per case). Round-to-nearest fp32 accumulation and operand conversion fit the model;
+# a hardware accumulator that truncates or keeps fewer bits is systematic, so the backend declares it
+# (accumulation_error) and it is added in full, never averaged away.
+GEMM_FAILURE_PROBABILITY = 2.0**-50
+# The failure probabilities at which the re-quantization deviations are also computed, to weigh each possible
+# flip by how likely a correct kernel is to make it (_propagated); the last is GEMM_FAILURE_PROBABILITY.
+FLIP_LEVELS = (2.0**-2, 2.0**-5, 2.0**-10, 2.0**-20, GEMM_FAILURE_PROBABILITY)
+
+
+def probabilistic_lambda(n_roundings: int, u_max: float, p: float = GEMM_FAILURE_PROBABILITY) -> float:
+    """lambda with n_roundings * 2 exp(-lambda^2 (1 - u_max)^2 / 2) = p (Higham and Mary's failure probability)."""
+    return math.sqrt(2 * math.log(2 * n_roundings / p)) / (1 - u_max)
+
+
+def gemm_relative_error(k: int, u_op: float, p: float = GEMM_FAILURE_PROBABILITY) -> float:
+    """The relative (to sum|w||a|) error of one fp32 inner product of k products whose operands may each be
+    rounded with unit u_op, plus a bias and up to three scale multiplications, that holds except with
+    probability p: the smallest of
+      worst case (Higham 3.5)  2 u_op + u_op^2 + gamma_{k+4}
+      Higham and Mary          expm1(lambda sqrt(sum u_j^2) + sum u_j^2 / (1 - u_j)), p = n 2 exp(-lambda^2 (1-u)^2 / 2)
+      Azuma                    the error is exactly sum_j c_j delta_j over the 2k + 4 fp32 roundings (products,
+                               adds, scalings: c_j a computed partial sum or product, |c_j| <= (1 + gamma_{2k+4})
+                               sum|w||a|) and the operand roundings (sum_j c_j^2 <= (1 + u_op)^2 (sum|w||a|)^2 for
+                               each operand); mean-zero deltas make it a martingale: p = 2 exp(-t^2 / (2 sum c_j^2 u_j^2))
+    (Higham and Mary's union over the n terms costs little at small p; Azuma's has none, so it is the tighter at
+    the larger p of FLIP_LEVELS)."""
+    worst = 2 * u_op + u_op * u_op + gamma(k + 4)
+    units = [(U_FP32, k + 4)] + ([(u_op, 2)] if u_op > 0 else [])  # (unit, how many roundings of it)
+    lam = probabilistic_lambda(sum(n for _, n in units), max(v for v, _ in units), p)
+    spread = math.sqrt(sum(n * v * v for v, n in units))
+    drift = sum(n * v * v / (1 - v) for v, n in units)
+    higham_mary = math.expm1(lam * spread + drift)
+    azuma = (math.sqrt(2 * math.log(2 / p)) * (1 + gamma(2 * k + 4)) *
+             math.sqrt((2 * k + 4) * U_FP32**2 + 2 * (u_op * (1 + u_op))**2))
+    return min(worst, higham_mary, azuma)
+
+
+def _abs_products(w: torch.Tensor, a: torch.Tensor, bias) -> torch.Tensor:
+    """sum|w||a| (+ |bias|) per output of a @ w.T: what every GEMM error term is relative to."""
     s = a.abs() @ w.abs().T
-    if bias is not None:
-        s = s + bias.abs()
-    err = (2 * u_op + u_op * u_op + gamma(k + 4) + e_acc + gamma(k + 1, U_FP64)) * s
-    if d_a is not None:
-        err = err + d_a @ w.abs().T
-    return err
+    return s + bias.abs() if bias is not None else s
+
+
+def _gemm_relative(k: int, u_op: float, e_acc: float, p: float) -> float:
+    """Relative (to sum|w||a|) error of one GEMM output computed in fp32 from operands each possibly rounded
+    with unit u_op (0 where the operands are exact), except with probability p; plus e_acc for a narrower
+    accumulator (systematic: in full) and the reference's own float64 accumulation (gamma_{K+1}). The sum has
+    K products, the bias, and up to three scale multiplications (activation, weight block or tensor scale,
+    expert scale)."""
+    return gemm_relative_error(k, u_op, p) + e_acc + gamma(k + 1, U_FP64)
+
+
+def _propagated(levels: list[torch.Tensor], w_abs: torch.Tensor, group: int | None, feeds: int) -> torch.Tensor:
+    """Bound on |sum_j w_ij (a2'_j - a2_j)| over a GEMM2 output i, from the kernel's input deviations.
+    levels[m]: a bound on |a2'_j - a2_j| that fails with probability at most feeds * FLIP_LEVELS[m]. Worst
+    case: sum_j |w_ij| D_j (D the last level). Most D_j are whole re-quantization steps that a correct kernel
+    takes only if its GEMM1 error lands across a rounding midpoint, which the lower levels say is unlikely; the
+    deviations of different scale groups come from different GEMM1 outputs, independent under the rounding
+    model. So, truncated at D (failure counted in the false-alarm probability), X_g = sum_{j in g} |w_ij|
+    |a2'_j - a2_j| are independent in [0, b_g = sum_{j in g} |w_ij| D_j] with mean at most sum_{j in g} |w_ij|
+    E_j, E_j = integral of P(|a2'_j - a2_j| > t) over [0, D_j] <= D_0 + sum_m min(1, feeds p_{m-1}) (D_m -
+    D_{m-1}) (the layer cake), and Hoeffding's inequality gives sum_g X_g <= sum_g E[X_g] + sqrt(ln(1/p) / 2
+    sum_g b_g^2) except with probability p = GEMM_FAILURE_PROBABILITY. A row that shares one dynamic scale
+    (group None) has no independent parts: worst case."""
+    top = levels[-1]
+    worst = top @ w_abs.T
+    if group is None:
+        return worst
+    mean = levels[0].clone()
+    for m in range(1, len(levels)):
+        mean += min(1.0, feeds * FLIP_LEVELS[m - 1]) * (levels[m] - levels[m - 1])
+    rows, n = top.shape
+    # per (row, output, group): the range b_g; the groups are consecutive blocks of `group` elements along n
+    ranges = (top.reshape(rows, 1, n // group, group) * w_abs.reshape(1, -1, n // group, group)).sum(-1)
+    spread = torch.sqrt(math.log(1 / GEMM_FAILURE_PROBABILITY) / 2 * (ranges * ranges).sum(-1))
+    return torch.minimum(worst, mean @ w_abs.T + spread)
 
 
 def _widen_fp32(x64: torch.Tensor, direction: float) -> torch.Tensor:
@@ -373,25 +450,31 @@ def moe_error_bound(trace: MoETrace, ckpt: MoECheckpoint, operand_dtype: torch.d
     unit = U_BF16 if operand_dtype == torch.bfloat16 else U_FP32
     u1 = max(_operand_unit(trace.w13, unit), _operand_unit(trace.a1, unit))
     u2 = max(_operand_unit(trace.w2, unit), _operand_unit(trace.a2, unit))
+    group = 1 if aq is None else aq.kind.act_scale_group(aq)  # a2 elements that depend on each other
+    feeds = (2 if act.gated else 1) * (group or 1)  # GEMM1 outputs each a2 element depends on
     d_z = torch.zeros_like(trace.z)
     for e in trace.pair_expert.unique().tolist():
         rows = (trace.pair_expert == e).nonzero().flatten()
         w_abs = trace.pair_weight[rows].abs()[:, None]
         a1 = trace.a1[trace.pair_token[rows]]
         b13 = ckpt.b13[e].double() if ckpt.b13 is not None else None
-        d_h = _gemm_bound(trace.w13[e], a1, None, b13, u1, e_acc)
-        if rw is RouterWeight.GEMM1_EPILOGUE:  # w times the fp32 accumulator: one more fp32 rounding
-            d_h = (1 + U_FP32) * w_abs * d_h + U_FP32 * trace.h_pre[rows].abs()
-        d_h = _through_rounding(d_h, trace.h_pre[rows], st.gemm1_out)
-        d_y = _activation_deviation(trace.h[rows], d_h, trace.phi_pre[rows], act, st)
-        d_y = _through_rounding(d_y, trace.y_pre[rows], st.act_out)
-        if aq is None:
-            d_a2 = d_y
-        else:
-            d_a2 = requantization_deviation(trace.y[rows], d_y, trace.a2[rows], aq, ckpt, trace.a2_scale,
-                                            st.fp8_static_scale)
+        s1 = _abs_products(trace.w13[e], a1, b13)
+        levels = []  # d_a2 holding except with probability feeds * p, for each p of FLIP_LEVELS
+        for p in FLIP_LEVELS:
+            d_h = _gemm_relative(trace.w13.shape[-1], u1, e_acc, p) * s1
+            if rw is RouterWeight.GEMM1_EPILOGUE:  # w times the fp32 accumulator: one more fp32 rounding
+                d_h = (1 + U_FP32) * w_abs * d_h + U_FP32 * trace.h_pre[rows].abs()
+            d_h = _through_rounding(d_h, trace.h_pre[rows], st.gemm1_out)
+            d_y = _activation_deviation(trace.h[rows], d_h, trace.phi_pre[rows], act, st)
+            d_y = _through_rounding(d_y, trace.y_pre[rows], st.act_out)
+            if aq is not None:
+                d_y = requantization_deviation(trace.y[rows], d_y, trace.a2[rows], aq, ckpt, trace.a2_scale,
+                                               st.fp8_static_scale)
+            levels.append(d_y if not levels else torch.maximum(d_y, levels[-1]))
         b2 = ckpt.b2[e].double() if ckpt.b2 is not None else None
-        dz = _gemm_bound(trace.w2[e], trace.a2[rows], d_a2, b2, u2, e_acc)
+        w2_abs = trace.w2[e].abs()
+        dz = (_gemm_relative(trace.w2.shape[-1], u2, e_acc, GEMM_FAILURE_PROBABILITY) *
+              _abs_products(trace.w2[e], trace.a2[rows], b2) + _propagated(levels, w2_abs, group, feeds))
         if rw is RouterWeight.GEMM2_EPILOGUE:
             dz = (1 + U_FP32) * w_abs * dz + U_FP32 * trace.z_pre[rows].abs()
         d_z[rows] = _through_rounding(dz, trace.z_pre[rows], st.gemm2_out)
@@ -407,7 +490,11 @@ def moe_error_bound(trace: MoETrace, ckpt: MoECheckpoint, operand_dtype: torch.d
             d = _through_rounding(d + d_term[:, j] + product, trace.acc_pre[:, j], st.gemm2_out)
     else:
         d = d_term.sum(1) + (gamma(k) + gamma(k, U_FP64)) * term.sum(1)
-    return ErrorBound(_through_rounding(d, trace.out_pre, Precision.BF16))
+    # every GEMM1 output's top level, every GEMM2 output's rounding term and its Hoeffding sum (harness-generated
+    # and real shapes alike: a case of 64 tokens at gpt-oss-120b's share is ~2^25 outputs, ~2^-25 per case)
+    n1, n2 = trace.pair_expert.numel() * trace.w13.shape[1], trace.pair_expert.numel() * trace.w2.shape[1]
+    return ErrorBound(_through_rounding(d, trace.out_pre, Precision.BF16),
+                      false_alarm=min(1.0, (n1 + 2 * n2) * GEMM_FAILURE_PROBABILITY))
 
 
 def _activation_deviation(h, d_h, phi_pre, act, st) -> torch.Tensor:

@@ -94,6 +94,7 @@ class _Collector:
                 numbers = json.loads(value)
                 r.worst_ulps, r.max_ratio = numbers["worst_ulps"], numbers["max_ratio"]
                 r.n_bad, r.n_total, r.ratio_histogram = numbers["n_bad"], numbers["n_total"], numbers["ratio_histogram"]
+                r.false_alarm = numbers.get("false_alarm", 0.0)
         self.cases[case_id] = r
 
     def _shape_class(self, report) -> None:

@@ -48,6 +48,7 @@ class CaseResult:
     n_total: int = 0
     seconds: float = 0.0
     ratio_histogram: list[int] = field(default_factory=list)
+    false_alarm: float = 0.0  # the bound's probability of failing a correct kernel (ErrorBound.false_alarm)
 
     @property
     def key(self) -> tuple[str, str, str, str]:
@@ -65,7 +66,7 @@ def case_properties(comparison: Comparison) -> str:
     """What the conformance test records (pytest's record_property: it crosses xdist and lands in JUnit)."""
     return json.dumps(dict(worst_ulps=comparison.worst_ulps, max_ratio=comparison.max_ratio,
                            n_bad=comparison.n_bad, n_total=comparison.n_total,
-                           ratio_histogram=list(comparison.ratio_histogram)))
+                           ratio_histogram=list(comparison.ratio_histogram), false_alarm=comparison.false_alarm))
 
 
 # ---- rendering -------------------------------------------------------------------------------------
@@ -175,6 +176,7 @@ class ReportModel:
     matrices: list[PlatformMatrix]
     skip_reasons: list[tuple[str, int]]
     histograms: dict[str, Path]
+    results: list[CaseResult] = field(default_factory=list)
 
     @property
     def n_failed(self) -> int:
@@ -208,7 +210,8 @@ class ReportModel:
             if backends:
                 matrices.append(PlatformMatrix(platform, backends, sorted(ran.items())))
         return cls(meta, dispatch, Counter(r.outcome for r in results), summary, failures, matrices,
-                   Counter(r.reason for r in results if r.outcome == "skipped").most_common(), histograms or {})
+                   Counter(r.reason for r in results if r.outcome == "skipped").most_common(), histograms or {},
+                   results)
 
 
 _HOST_FIELDS = ("platform", "device", "torch", "triton", "python", "commit", "date", "command")
@@ -216,6 +219,15 @@ _ULPS_NOTE = ("Worst error: the largest |kernel - reference| in bf16 ulps of the
               "at least 2^-8 of the case's largest (near-zero outputs are judged by the bound alone); in brackets, "
               "the largest error as a fraction of the derived bound, over every output (a case passes at <= 1).")
 _SUMMARY_HEAD = ("platform", "backend", "passed", "failed", "skipped", "worst ulps")
+
+
+def false_alarm_note(model: ReportModel) -> str:
+    """The probabilistic part of the bounds, stated: per case and for the whole run (a union bound)."""
+    p = [r.false_alarm for r in model.results if r.outcome != "skipped"]
+    return ("False alarms: the bound's GEMM terms are probabilistic (harness.core.tolerances: Higham and Mary's and "
+            "Azuma's bounds on round-to-nearest errors, each GEMM output failing with probability at most 2^-50). "
+            f"The probability that a correct kernel fails a case is at most {max(p, default=0.0):.2g} (the largest "
+            f"case); at most {min(1.0, sum(p)):.2g} that it fails any of this run's {len(p)} cases.")
 
 
 def _summary_cells(row: SummaryRow) -> tuple:
@@ -248,7 +260,7 @@ def render_markdown(model: ReportModel, out_dir: Path) -> str:
         f"Command: `{host['command']}`", "",
         f"Conformance cases: **{t['passed']} passed, {model.n_failed} failed, {t['skipped']} skipped** "
         f"({model.n_ran} ran). Other tests: {m.get('other_tests', '')}.", "",
-        _ULPS_NOTE, "",
+        _ULPS_NOTE, "", false_alarm_note(model), "",
         "## Per platform and backend", "",
         "| " + " | ".join(_SUMMARY_HEAD) + " |", "|---" * len(_SUMMARY_HEAD) + "|",
     ]
@@ -311,7 +323,7 @@ def render_html(model: ReportModel) -> str:
         f"<p class='totals' id='totals' data-passed='{t['passed']}' data-failed='{n_fail}' data-skipped='{t['skipped']}'>"
         f"<span class='ok'>{t['passed']} passed</span><span class='{'bad' if n_fail else 'ok'}'>{n_fail} failed</span>"
         f"<span class='skip'>{t['skipped']} skipped</span> conformance cases. Other tests: {e(str(m.get('other_tests', '')))}</p>",
-        f"<p>{e(_ULPS_NOTE)} Hover a cell for the full reason.</p>",
+        f"<p>{e(_ULPS_NOTE)} Hover a cell for the full reason.</p>", f"<p>{e(false_alarm_note(model))}</p>",
         "<h2>Per platform and backend</h2><table id='summary'>" + _html_row(_SUMMARY_HEAD, "th"),
     ]
     for row in model.summary:
