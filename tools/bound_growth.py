@@ -40,7 +40,7 @@ def _row(scheme: str, size: int, act: str = "SILU", shape: Shape | None = None) 
     rel = lambda t: (t.double().abs()[big] / o.abs()[big])  # noqa: E731
     bound = tolerances.moe_error_bound(trace, ckpt).bound
     saved = tolerances.requantization_deviation
-    tolerances.requantization_deviation = lambda y, *a, **k: torch.zeros_like(y)  # noqa: E731
+    tolerances.requantization_deviation = lambda y, d_y, *a, **k: torch.zeros_like(d_y)  # noqa: E731
     try:
         no_flips = tolerances.moe_error_bound(trace, ckpt).bound
     finally:

@@ -396,9 +396,13 @@ def _propagated(levels: list[torch.Tensor], w_abs: torch.Tensor, group: int | No
     for m in range(1, len(levels)):
         mean += min(1.0, feeds * FLIP_LEVELS[m - 1]) * (levels[m] - levels[m - 1])
     rows, n = top.shape
-    # per (row, output, group): the range b_g; the groups are consecutive blocks of `group` elements along n
-    ranges = (top.reshape(rows, 1, n // group, group) * w_abs.reshape(1, -1, n // group, group)).sum(-1)
-    spread = torch.sqrt(math.log(1 / GEMM_FAILURE_PROBABILITY) / 2 * (ranges * ranges).sum(-1))
+    if group == 1:
+        squares = (top * top) @ (w_abs * w_abs).T
+    else:  # per (row, output, group) the range b_g; the groups are consecutive blocks of `group` elements along n
+        ranges = torch.einsum("rgj,igj->rig", top.reshape(rows, n // group, group),
+                              w_abs.reshape(-1, n // group, group))
+        squares = (ranges * ranges).sum(-1)
+    spread = torch.sqrt(math.log(1 / GEMM_FAILURE_PROBABILITY) / 2 * squares)
     return torch.minimum(worst, mean @ w_abs.T + spread)
 
 
@@ -459,18 +463,19 @@ def moe_error_bound(trace: MoETrace, ckpt: MoECheckpoint, operand_dtype: torch.d
         a1 = trace.a1[trace.pair_token[rows]]
         b13 = ckpt.b13[e].double() if ckpt.b13 is not None else None
         s1 = _abs_products(trace.w13[e], a1, b13)
-        levels = []  # d_a2 holding except with probability feeds * p, for each p of FLIP_LEVELS
-        for p in FLIP_LEVELS:
-            d_h = _gemm_relative(trace.w13.shape[-1], u1, e_acc, p) * s1
-            if rw is RouterWeight.GEMM1_EPILOGUE:  # w times the fp32 accumulator: one more fp32 rounding
-                d_h = (1 + U_FP32) * w_abs * d_h + U_FP32 * trace.h_pre[rows].abs()
-            d_h = _through_rounding(d_h, trace.h_pre[rows], st.gemm1_out)
-            d_y = _activation_deviation(trace.h[rows], d_h, trace.phi_pre[rows], act, st)
-            d_y = _through_rounding(d_y, trace.y_pre[rows], st.act_out)
-            if aq is not None:
-                d_y = requantization_deviation(trace.y[rows], d_y, trace.a2[rows], aq, ckpt, trace.a2_scale,
-                                               st.fp8_static_scale)
-            levels.append(d_y if not levels else torch.maximum(d_y, levels[-1]))
+        # d_a2 at every level at once (a leading dim): each holds except with probability feeds * p
+        rel = torch.tensor([_gemm_relative(trace.w13.shape[-1], u1, e_acc, p) for p in FLIP_LEVELS],
+                           dtype=torch.float64)
+        d_h = rel[:, None, None] * s1
+        if rw is RouterWeight.GEMM1_EPILOGUE:  # w times the fp32 accumulator: one more fp32 rounding
+            d_h = (1 + U_FP32) * w_abs * d_h + U_FP32 * trace.h_pre[rows].abs()
+        d_h = _through_rounding(d_h, trace.h_pre[rows], st.gemm1_out)
+        d_y = _activation_deviation(trace.h[rows], d_h, trace.phi_pre[rows], act, st)
+        d_y = _through_rounding(d_y, trace.y_pre[rows], st.act_out)
+        if aq is not None:
+            d_y = requantization_deviation(trace.y[rows], d_y, trace.a2[rows], aq, ckpt, trace.a2_scale,
+                                           st.fp8_static_scale)
+        levels = list(torch.cummax(d_y, 0).values.unbind(0))
         b2 = ckpt.b2[e].double() if ckpt.b2 is not None else None
         w2_abs = trace.w2[e].abs()
         dz = (_gemm_relative(trace.w2.shape[-1], u2, e_acc, GEMM_FAILURE_PROBABILITY) *
