@@ -198,3 +198,24 @@ def test_padding_blocks_carry_the_unit_scale_not_a_neighbours():
     padded = pad_intermediate(ckpt, ckpt.intermediate_size + 32)
     assert bool((padded.w2.scale[..., -1] == 127).all())
     assert bool((padded.w2.data[..., -16:] == 0).all())
+
+
+def test_tp3_margin_of_exactly_one_is_the_bf16_all_reduce_rounding_not_the_padding():
+    """Issue 26: at TP 3 every case passed at exactly 1.00 of its bound, TP 2 at 0. Neither the bound nor the
+    padding is off: with three or more ranks a bf16 all-reduce rounds an intermediate sum, which can tip the final
+    rounding to the other neighbour; the bound allows exactly that neighbour, so the flipped elements sit at
+    exactly 1.00. Two ranks add once (the reference's single rounding: 0); an fp32 all-reduce gives 0 at TP 3;
+    and an I that needs no padding at TP 3 (6 blocks) shows the same 1.00."""
+    import dataclasses
+
+    backend = load_backend("torch_emulation")
+    scheme, act = SCHEMES["w_mxfp4"], ACTIVATIONS["SILU"]
+    shape = parallel_shape(scheme, False)  # I = 5 blocks: padded to 6 at TP 3
+    unpadded = dataclasses.replace(shape, intermediate_size=shape.intermediate_size // 5 * 6)
+    ratio = {(par.tp, par.reduce, s.intermediate_size): run_parallel_case(backend, scheme, act, HOST, par, s).max_ratio
+             for par in (Parallelism(tp=2), Parallelism(tp=3), Parallelism(tp=3, reduce=Precision.FP32))
+             for s in (shape, unpadded)}
+    for s in (shape, unpadded):
+        assert ratio[(2, Precision.BF16, s.intermediate_size)] == 0.0
+        assert ratio[(3, Precision.BF16, s.intermediate_size)] == 1.0
+        assert ratio[(3, Precision.FP32, s.intermediate_size)] == 0.0

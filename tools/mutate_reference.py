@@ -144,8 +144,8 @@ MUTANTS = {
     ),
     "bound_inflated": (
         "harness/core/tolerances.py",
-        "    return ErrorBound(_through_rounding(d, trace.out_pre, Precision.BF16))\n",
-        "    return ErrorBound(64 * _through_rounding(d, trace.out_pre, Precision.BF16) + 0.05 * trace.out.abs())\n",
+        "    return ErrorBound(_through_rounding(d, trace.out_pre, Precision.BF16),\n",
+        "    return ErrorBound(64 * _through_rounding(d, trace.out_pre, Precision.BF16) + 0.05 * trace.out.abs(),\n",
         "a bound 64x too loose plus 5% (passes wrong kernels)",
         "suites/test_structures.py::test_changing_any_field_of_a_structure_is_caught",
     ),
