@@ -136,9 +136,12 @@ def pytest_generate_tests(metafunc):
         if "backend_name" in metafunc.fixturenames:
             metafunc.parametrize("backend_name", sorted(backends))
             return
-        params = []
+        from harness.core.conformance import ci_thinned_out
+
+        params, ci = [], _profile(metafunc.config) == "ci"
         for case, reason in conformance_cases(backends):
             marks = [getattr(pytest.mark, case.platform.name)]
+            reason = reason or (ci and ci_thinned_out(backends[case.backend_name], case))
             if reason:
                 marks.append(pytest.mark.skip(reason=reason))
             params.append(pytest.param(case, marks=marks, id=case.id))
@@ -161,7 +164,11 @@ def pytest_collection_modifyitems(config, items):
 def hypothesis_profile(request) -> str:
     """The Hypothesis profile of this run. The ci profile also bounds the non-Hypothesis breadth tests (shape
     classes, sharded cases): each combination runs one of its variants in turn, where dev and nightly run all."""
-    return request.config.getoption("hypothesis_profile", None) or os.environ.get("HYPOTHESIS_PROFILE", "dev")
+    return _profile(request.config)
+
+
+def _profile(config) -> str:
+    return config.getoption("hypothesis_profile", None) or os.environ.get("HYPOTHESIS_PROFILE", "dev")
 
 
 @pytest.fixture(scope="session")

@@ -230,7 +230,7 @@ def _diagnose(args) -> int:
                 continue
             device = getattr(backend, "device", "cpu")
             got = backend.forward(prepared, *(t.to(device) for t in inputs)).cpu()
-            verdicts = structure_verdicts(got, ckpt, inputs, declared, backend_operand_dtype(backend),
+            verdicts = structure_verdicts(got, ckpt, inputs, declared, backend_operand_dtype(backend, ckpt.scheme.name),
                                           backend_accumulation_error(backend))
             n += 1
             for label, ok in verdicts.items():

@@ -12,7 +12,8 @@ A backend is any object with:
 Optional:
   available(platform) -> (ok, reason)   can it run here, now (device, packages)? default: yes
   operand_dtype: torch.dtype            float32 (default) or bfloat16 if it rounds dequantized GEMM
-                                        operands to bf16; the derived bound depends on it
+                                        operands to bf16; the derived bound depends on it. A dict {scheme name:
+                                        dtype} declares it per scheme (float32 for the schemes it omits)
   accumulation_error: float             0 (default) for fp32 GEMM accumulation; else the extra error of its
                                         hardware accumulator relative to sum|a||w| (see torch_fp8)
   intermediate_multiple: int            a rank's share of I under tensor parallelism is padded (with zero
@@ -89,8 +90,15 @@ def checked_supports(backend, problem: Problem, platform: Platform) -> tuple[boo
     return answer
 
 
-def backend_operand_dtype(backend) -> torch.dtype:
-    return getattr(backend, "operand_dtype", torch.float32)
+def backend_operand_dtype(backend, scheme: str | None = None) -> torch.dtype:
+    """What the backend feeds its GEMMs for this scheme (see operand_dtype above); without a scheme, the widest
+    declaration (what `python -m harness backends` prints)."""
+    declared = getattr(backend, "operand_dtype", torch.float32)
+    if not isinstance(declared, dict):
+        return declared
+    if scheme is None:
+        return torch.bfloat16 if torch.bfloat16 in declared.values() else torch.float32
+    return declared.get(scheme, torch.float32)
 
 
 def backend_accumulation_error(backend) -> float:

@@ -57,7 +57,8 @@ def _run(backend, ckpt, x, w, ids):
     out, trace = fused_moe(x, ckpt, w, ids, structure=structure, trace=True)
     device = getattr(backend, "device", "cpu")
     got = backend.forward(backend.prepare(ckpt), x.to(device), w.to(device), ids.to(device)).cpu()
-    bound = moe_error_bound(trace, ckpt, backend_operand_dtype(backend), backend_accumulation_error(backend))
+    bound = moe_error_bound(trace, ckpt, backend_operand_dtype(backend, ckpt.scheme.name),
+                            backend_accumulation_error(backend))
     return out, got, bound
 
 

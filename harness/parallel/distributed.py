@@ -114,7 +114,7 @@ def _rank_main(rank: int, world: str, size: int, port: int, cases: list[dict], o
             dist.all_reduce(partial, op=dist.ReduceOp.SUM)  # bf16, in the order the library picks
             if rank == 0:
                 expected, bound, exacts = sharded_reference(x, ckpt, w, ids, par, backend_structure(backend),
-                                                            backend_operand_dtype(backend),
+                                                            backend_operand_dtype(backend, ckpt.scheme.name),
                                                             backend_accumulation_error(backend))
                 r = compare(expected, partial.cpu(), bound, f"{case.id}/{world}x{size}: output",
                             structure=backend_structure(backend), exact=torch.stack(exacts).sum(0))

@@ -335,7 +335,7 @@ def run_sharded(backend, ckpt: MoECheckpoint, inputs, par: Parallelism, what: st
         raise ValueError(f"{what}: {why}")
     par = with_backend_padding(par, backend)
     x, w, ids = inputs
-    expected, bound, exacts = sharded_reference(x, ckpt, w, ids, par, structure, backend_operand_dtype(backend),
+    expected, bound, exacts = sharded_reference(x, ckpt, w, ids, par, structure, backend_operand_dtype(backend, ckpt.scheme.name),
                                                 backend_accumulation_error(backend))
     got = sharder.run(backend, what, ckpt, inputs, par)
     exact = torch.stack(exacts).sum(0)
