@@ -231,7 +231,7 @@ def _diagnose(args) -> int:
             device = getattr(backend, "device", "cpu")
             got = backend.forward(prepared, *(t.to(device) for t in inputs)).cpu()
             verdicts = structure_verdicts(got, ckpt, inputs, declared, backend_operand_dtype(backend, ckpt.scheme.name),
-                                          backend_accumulation_error(backend))
+                                          backend_accumulation_error(backend, ckpt.scheme.name))
             n += 1
             for label, ok in verdicts.items():
                 fit_all[label] = fit_all.get(label, 0) + ok

@@ -26,6 +26,9 @@ class Platform:
     fp8_format: FloatFormat
     native_formats: frozenset[str]  # what the hardware's matrix units take natively
     backend_priority: tuple[str, ...]  # the oracle's order; the last is an emulation backend
+    # what the matrix units' FP8 accumulation may add to fp32's error, relative to sum|a||w| (a GEMM's declared
+    # accumulation_error on FP8 operands); 0 where measured exact-fp32 or not measured (then say so)
+    fp8_mma_accumulation_error: float = 0.0
 
     @property
     def runner_labels(self) -> tuple[str, ...]:
@@ -48,8 +51,14 @@ PLATFORMS: dict[str, Platform] = {
     for p in (
         Platform("cpu", "cpu", "CPU: Triton kernels under the interpreter (TRITON_INTERPRET=1)", E4M3FN,
                  frozenset(), _EMULATION_TAIL),
+        # Hopper's FP8 tensor cores do not accumulate in full fp32 between promotions: measured on the H200
+        # (tools/probe_fp8_accumulation.py, results/gpu-issue6) max |error| / sum|a||w| = 1.7e-4 at K=128 and at
+        # most 2.7e-4 for K up to 8192 with or without fast accumulation, about K-independent (a narrow adder per
+        # k-chunk, promoted to fp32); 2^-11 = 4.9e-4 also covers a chunk sum truncated to 12 significand bits
+        # (harness.backends.emulation's narrow_accumulator, tested on CPU). vLLM's Triton FP8 tl.dot shows it too
+        # (results/gpu-issue23/run-7: 41-410 of 32768 elements 2.5-8x past an fp32-accumulation bound).
         Platform("sm90", "nvidia", "NVIDIA Hopper (H100/H200): FP8 native, FP4/FP6 emulated", E4M3FN,
-                 frozenset({"fp8"}), ("torch_fp8", "triton_dot_scaled", *_EMULATION_TAIL)),
+                 frozenset({"fp8"}), ("torch_fp8", "triton_dot_scaled", *_EMULATION_TAIL), 2.0**-11),
         Platform("sm100", "nvidia", "NVIDIA Blackwell (B200): native MXFP8/MXFP4/NVFP4 and FP8", E4M3FN,
                  frozenset({"fp8", "mxfp8", "mxfp4", "nvfp4"}),
                  ("torch_blockscaled", "torch_fp8", "triton_dot_scaled", *_EMULATION_TAIL)),

@@ -15,7 +15,8 @@ Optional:
                                         operands to bf16; the derived bound depends on it. A dict {scheme name:
                                         dtype} declares it per scheme (float32 for the schemes it omits)
   accumulation_error: float             0 (default) for fp32 GEMM accumulation; else the extra error of its
-                                        hardware accumulator relative to sum|a||w| (see torch_fp8)
+                                        hardware accumulator relative to sum|a||w| (see torch_fp8); a dict
+                                        {scheme name: error} declares it per scheme (0 for the schemes it omits)
   intermediate_multiple: int            a rank's share of I under tensor parallelism is padded (with zero
                                         weights) to a multiple of this (default 1; torch's FP8 GEMMs: 16)
   known_failures: tuple[KnownFailure, ...]
@@ -101,8 +102,13 @@ def backend_operand_dtype(backend, scheme: str | None = None) -> torch.dtype:
     return declared.get(scheme, torch.float32)
 
 
-def backend_accumulation_error(backend) -> float:
-    return getattr(backend, "accumulation_error", 0.0)
+def backend_accumulation_error(backend, scheme: str | None = None) -> float:
+    """The backend's declared accumulation error for this scheme (see accumulation_error above); without a scheme,
+    the largest it declares."""
+    declared = getattr(backend, "accumulation_error", 0.0)
+    if not isinstance(declared, dict):
+        return declared
+    return declared.get(scheme, 0.0) if scheme is not None else max(declared.values(), default=0.0)
 
 
 def backend_intermediate_multiple(backend) -> int:

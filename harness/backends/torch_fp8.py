@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from harness.platforms import default_device, detect_platform, has_gpu
+from harness.platforms import PLATFORMS, default_device, detect_platform, has_gpu
 from reference.activations import apply_activation
 from reference.checkpoints import MoECheckpoint
 from reference.fp8 import Granularity
@@ -24,12 +24,9 @@ _TORCH_FP8 = {"e4m3fn": torch.float8_e4m3fn, "e4m3fnuz": torch.float8_e4m3fnuz}
 class TorchFP8Backend:
     name = "torch_fp8"
     operand_dtype = torch.float32  # FP8 codes are the operands; scales multiply fp32 results
-    # Hopper's FP8 tensor cores do not accumulate in full fp32 between cuBLASLt's promotions: measured on
-    # the H200 (tools/probe_fp8_accumulation.py, results/gpu-issue6) max |error| / sum|a||w| = 1.7e-4 at
-    # K=128 and at most 2.7e-4 for K up to 8192 with or without fast accumulation, about K-independent
-    # (a narrow adder per k-chunk, promoted to fp32). Declared: 2^-11 = 4.9e-4, which also covers a
-    # chunk sum truncated to 12 significand bits (harness.backends.emulation's narrow_accumulator, tested on CPU).
-    accumulation_error = 2.0**-11
+    # Hopper's FP8 tensor cores do not accumulate in full fp32 between cuBLASLt's promotions (the platform's
+    # measured fact, harness.platforms)
+    accumulation_error = PLATFORMS["sm90"].fp8_mma_accumulation_error
     # _scaled_mm rounds each GEMM's scaled fp32 accumulator to bf16; the activation is fp32, rounded once;
     # the weighted top-k sum is fp32 over the rounded rows; activations are quantized as x / scale
     numerical_structure = STRUCTURES["rounded_terms"]

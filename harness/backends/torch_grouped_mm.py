@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.platforms import default_device, detect_platform, has_gpu
+from harness.platforms import PLATFORMS, default_device, detect_platform, has_gpu
 from reference.activations import apply_activation
 from reference.checkpoints import MoECheckpoint
 from reference.fp8 import Granularity
@@ -154,9 +154,8 @@ class TorchGroupedMMBackend(_GroupedMoE):
 class TorchScaledGroupedMMBackend(_GroupedMoE):
     name = "torch_scaled_grouped_mm"
     operand_dtype = torch.float32  # FP8 codes are the operands; the scales multiply fp32 results
-    # the same Hopper FP8 tensor cores as torch_fp8 (its measurement and reasoning: a narrow adder per k-chunk,
-    # promoted to fp32)
-    accumulation_error = 2.0**-11
+    # the same Hopper FP8 tensor cores as torch_fp8 (harness.platforms: a narrow adder per k-chunk, promoted to fp32)
+    accumulation_error = PLATFORMS["sm90"].fp8_mma_accumulation_error
     intermediate_multiple = 16  # FP8 GEMM dims must be multiples of 16 (a TP share of I is padded to it)
 
     def __init__(self, device: str | None = None, scaled_grouped_mm=None, row_alignment: int = 1):

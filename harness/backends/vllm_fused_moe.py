@@ -142,6 +142,10 @@ class VllmFusedMoE:
         self.ci_breadth = not self.known_failures
         self.device = default_device()
         self._kernels = None
+        # compiled, the FP8 schemes' tl.dot runs on the GPU's FP8 matrix units, whose accumulation is the
+        # platform's measured fact (harness.platforms); under the interpreter it is exact fp32
+        fp8_acc = 0.0 if INTERPRET else detect_platform().fp8_mma_accumulation_error
+        self.accumulation_error = {s: fp8_acc for s, kind in _SCHEMES.items() if kind == "fp8_w8a8"}
 
     # ---- what it computes ------------------------------------------------------------------------
     def supports(self, problem, platform) -> tuple[bool, str]:

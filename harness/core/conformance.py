@@ -170,14 +170,14 @@ def compare_backend(backend, ckpt: MoECheckpoint, inputs, out: torch.Tensor, tra
                                          ("topk_ids", originals[2], ids), *checkpoint_pairs(ckpt, given)])
     check_output(what, got, tuple(inputs[0].shape))
     bound = moe_error_bound(trace, ckpt, backend_operand_dtype(backend, ckpt.scheme.name),
-                            backend_accumulation_error(backend))
+                            backend_accumulation_error(backend, ckpt.scheme.name))
     result = compare(out, got.cpu(), bound, f"{what}: output", structure=structure)
     if not result.ok and result.worst_index is not None:  # say who is closer to the exact value
         exact = fused_moe(*inputs[:1], ckpt, *inputs[1:], structure=structure, exact=True)
         result = compare(out, got.cpu(), bound, f"{what}: output", structure=structure, exact=exact)
     if diagnose and not result.ok and result.n_nonfinite == 0:  # and which structure it does follow, if any
         fits = conforming_structures(got.cpu(), ckpt, inputs, structure, backend_operand_dtype(backend, ckpt.scheme.name),
-                                     backend_accumulation_error(backend))
+                                     backend_accumulation_error(backend, ckpt.scheme.name))
         result = dataclasses.replace(result, structure_fits=tuple(fits))
     return result
 

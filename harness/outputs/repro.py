@@ -58,7 +58,7 @@ def _run(backend, ckpt, x, w, ids):
     device = getattr(backend, "device", "cpu")
     got = backend.forward(backend.prepare(ckpt), x.to(device), w.to(device), ids.to(device)).cpu()
     bound = moe_error_bound(trace, ckpt, backend_operand_dtype(backend, ckpt.scheme.name),
-                            backend_accumulation_error(backend))
+                            backend_accumulation_error(backend, ckpt.scheme.name))
     return out, got, bound
 
 

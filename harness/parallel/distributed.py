@@ -115,7 +115,7 @@ def _rank_main(rank: int, world: str, size: int, port: int, cases: list[dict], o
             if rank == 0:
                 expected, bound, exacts = sharded_reference(x, ckpt, w, ids, par, backend_structure(backend),
                                                             backend_operand_dtype(backend, ckpt.scheme.name),
-                                                            backend_accumulation_error(backend))
+                                                            backend_accumulation_error(backend, ckpt.scheme.name))
                 r = compare(expected, partial.cpu(), bound, f"{case.id}/{world}x{size}: output",
                             structure=backend_structure(backend), exact=torch.stack(exacts).sum(0))
                 verdicts.append(dict(case=case.id, outcome="passed" if r.ok else "failed",

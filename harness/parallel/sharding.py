@@ -336,7 +336,7 @@ def run_sharded(backend, ckpt: MoECheckpoint, inputs, par: Parallelism, what: st
     par = with_backend_padding(par, backend)
     x, w, ids = inputs
     expected, bound, exacts = sharded_reference(x, ckpt, w, ids, par, structure, backend_operand_dtype(backend, ckpt.scheme.name),
-                                                backend_accumulation_error(backend))
+                                                backend_accumulation_error(backend, ckpt.scheme.name))
     got = sharder.run(backend, what, ckpt, inputs, par)
     exact = torch.stack(exacts).sum(0)
     return compare(expected, got, bound, f"{what}: output", structure=structure, exact=exact)
