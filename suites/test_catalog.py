@@ -20,10 +20,9 @@ def test_the_catalog_is_at_least_twenty_distinct_bug_classes():
 @pytest.mark.parametrize("name", [m.name for m in MUTANTS])
 def test_mutant_is_caught(name, structure, hypothesis_profile):
     names, structures = [m.name for m in MUTANTS], list(STRUCTURES)
-    turn = {structures[(names.index(name) + i) % len(structures)] for i in range(2)}
-    if hypothesis_profile == "ci" and structure not in turn:
-        pytest.skip("ci profile: each mutant under two structures in turn, every structure under some (dev and "
-                    "nightly: every mutant under every structure)")
+    if hypothesis_profile == "ci" and structures[names.index(name) % len(structures)] != structure:
+        pytest.skip("ci profile: each mutant under one structure in turn, every structure under several mutants "
+                    "(dev and nightly: every mutant under every structure)")
     catch, seconds, checks = hunt(make_mutant(name, structure))
     assert catch is not None, f"mutant {name} declaring {structure} survived all {checks} conformance checks ({seconds:.1f}s)"
 

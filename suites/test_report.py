@@ -32,7 +32,7 @@ def _histogram(exact: int, near: int, over: int = 0) -> list[int]:
 
 SAMPLE = [
     CaseResult("cpu", "w_mxfp4", "SILU", "good", "passed", worst_ulps=1.0, max_ratio=0.25, n_total=1024,
-               ratio_histogram=_histogram(1000, 24)),
+               ratio_histogram=_histogram(1000, 24), false_alarm=2.0**-30),
     CaseResult("cpu", "w_mxfp4", "SILU", "bad", "failed", reason="w_mxfp4/SILU/bad/cpu: output: 3 of 1024 elements out of bound",
                worst_ulps=13.0, max_ratio=4.5, n_bad=3, n_total=1024, ratio_histogram=_histogram(990, 31, 3)),
     CaseResult("cpu", "w_fp8_a_fp8", "GELU", "good", "skipped", reason="good: cpu has no FP8 matrix units"),
@@ -51,6 +51,8 @@ def test_report_files_hold_every_case_and_round_trip(tmp_path):
     assert "| cpu | bad | 0 | 1 | 0 | 13 |" in md and "| cpu | good | 1 | 0 | 1 | 1 |" in md
     assert "**FAILED** 13 ulp" in md and "pass 1 ulp (0.25)" in md
     assert "good: cpu has no FP8 matrix units" in md  # the skip reason, counted
+    # the probabilistic bound's false-alarm probability, per case (the largest) and for the run (the sum)
+    assert "a correct kernel fails a case is at most 9.3e-10" in md and "any of this run's 2 cases" in md
     assert (tmp_path / "histograms" / "w_mxfp4.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     page = paths["html"].read_text()
     assert "data:image/png;base64," in page and "src='histograms/" not in page  # self-contained
@@ -68,6 +70,7 @@ def test_pytest_report_option_records_a_wrong_backend_as_failed(tmp_path):
     cases = {(c["backend"], c["platform"]): c for c in json.loads((out / "results.json").read_text())["cases"]}
     good, bad = cases[("torch_emulation", HOST)], cases[("wrong_example", HOST)]
     assert good["outcome"] == "passed" and good["max_ratio"] <= 1 and sum(good["ratio_histogram"]) == good["n_total"]
+    assert 0 < good["false_alarm"] < 2.0**-30  # the bound's stated false-alarm probability crosses xdist
     assert bad["outcome"] == "failed" and bad["max_ratio"] > 1 and bad["n_bad"] > 0
     assert "out of bound" in bad["reason"] and "wrong_example" in bad["reason"]
     assert (out / "junit.xml").exists() and (out / "histograms" / "w_mxfp4_a_mxfp4.png").exists()
