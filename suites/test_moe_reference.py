@@ -292,3 +292,14 @@ def test_at_real_sizes_the_fp8_bias_bug_fails_most_elements_and_a_correct_kernel
     passed = compare(out, control.forward(control.prepare(ckpt), x, w, ids), bound, "control")
     assert caught.n_bad > 0.7 * caught.n_total, caught.message()
     assert passed.ok and passed.max_ratio < 0.5, passed.message()
+
+
+def test_a_nan_or_inf_output_is_named_as_such_not_as_nan_times_the_bound():
+    """Issue 26: a kernel writing NaN or Inf where the reference is finite read "worst inf ulp = nanx its bound"."""
+    from harness.core.tolerances import ErrorBound
+
+    expected = torch.tensor([1.0, 2.0, 4.0], dtype=torch.bfloat16)
+    for bad in (float("nan"), float("inf")):
+        got = torch.tensor([1.0, bad, 4.0], dtype=torch.bfloat16)
+        msg = compare(expected, got, ErrorBound(torch.full((3,), 0.01, dtype=torch.float64)), "case").message()
+        assert f"got {bad!r} where 2.0 was expected" in msg and "nanx" not in msg and "inf ulp" not in msg, msg

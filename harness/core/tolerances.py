@@ -110,6 +110,8 @@ class Worst:
 
     def describe(self) -> str:
         diff = abs(self.got - self.expected)
+        if not math.isfinite(diff):  # NaN or Inf against a finite value: no distance to report
+            return f"index {self.index}: expected {self.expected!r}, got {self.got!r}"
         text = (f"index {self.index}: expected {self.expected!r}, got {self.got!r}, |diff| = {diff:.6g} = "
                 f"{self.ulps:.1f} bf16 ulp")
         if self.bound > 0:
@@ -166,8 +168,10 @@ class Comparison:
         if self.worst is None and self.worst_exact is None:
             return f"{self.what}: mismatch"
         parts = [f"{self.what}: {self.n_bad} of {self.n_total} elements out of bound"]
-        if self.worst is not None:
+        if self.worst is not None and math.isfinite(self.worst.ulps) and math.isfinite(self.max_ratio_bounded):
             parts.append(f"worst {self.worst.ulps:.1f} ulp = {self.max_ratio_bounded:.3g}x its bound")
+        elif self.worst is not None:  # a NaN or Inf where a finite value was expected: no ulp count means anything
+            parts.append(f"worst: got {self.worst.got!r} where {self.worst.expected!r} was expected")
         if self.n_nonfinite:
             parts.append(f"{self.n_nonfinite} NaN/Inf where the reference is finite")
         if self.n_exact_differ:
