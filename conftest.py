@@ -24,12 +24,19 @@ from harness.platforms import PLATFORMS
 
 def _shared_database(local):
     """The local database, plus - read-only - every nightly leg's uploaded database when
-    MOE_CONFORMANCE_SHARED_DB=owner/repo is set (and GITHUB_TOKEN: Hypothesis's GitHubArtifactDatabase):
-    a failure the nightly GPU matrix found replays in the next local run."""
+    MOE_CONFORMANCE_SHARED_DB=owner/repo is set (and GITHUB_TOKEN: Hypothesis's GitHubArtifactDatabase), or the
+    database in a directory when it names one (a leg's artifact unpacked, or a copy from a GPU host): a failure
+    the nightly GPU matrix found replays in the next local run."""
     repo = os.environ.get("MOE_CONFORMANCE_SHARED_DB")
     if not repo:
         return local
     from hypothesis.database import GitHubArtifactDatabase, MultiplexedDatabase, ReadOnlyDatabase
+
+    if os.path.isdir(repo):  # a leg's database already downloaded and unpacked (or any local copy)
+        return MultiplexedDatabase(local, ReadOnlyDatabase(DirectoryBasedExampleDatabase(repo)))
+    if "/" not in repo or repo.count("/") != 1:
+        raise pytest.UsageError(f"MOE_CONFORMANCE_SHARED_DB={repo!r}: expected owner/repo (the nightly legs' "
+                                "database artifacts) or an existing directory (a database copied from one)")
 
     from harness.outputs.matrix import nightly_matrix
 

@@ -258,3 +258,57 @@ def test_entry_points_that_run_triton_kernels_need_no_environment():
     out = subprocess.run([sys.executable, "-m", "harness", "parallel", "--tp", "2", "--scheme", "bf16"], cwd=ROOT,
                          capture_output=True, text=True, env=env)
     assert out.returncode == 0 and "1 passed, 0 failed" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
+
+
+def test_the_shared_database_may_be_a_directory_read_only_beside_the_local_one(tmp_path, monkeypatch):
+    """MOE_CONFORMANCE_SHARED_DB names owner/repo (the nightly artifacts) or a directory (a copy of one); anything
+    else is a usage error that says so."""
+    import conftest
+    from hypothesis.database import DirectoryBasedExampleDatabase
+
+    local, shared = DirectoryBasedExampleDatabase(tmp_path / "local"), DirectoryBasedExampleDatabase(tmp_path / "copy")
+    shared.save(b"key", b"value")
+    monkeypatch.setenv("MOE_CONFORMANCE_SHARED_DB", str(tmp_path / "copy"))
+    db = conftest._shared_database(local)
+    assert list(db.fetch(b"key")) == [b"value"]
+    db.save(b"other", b"x")  # writes go to the local database only
+    assert list(local.fetch(b"other")) == [b"x"] and list(shared.fetch(b"other")) == []
+    monkeypatch.setenv("MOE_CONFORMANCE_SHARED_DB", str(tmp_path / "no" / "such" / "dir"))
+    with pytest.raises(pytest.UsageError, match="owner/repo .* or an existing directory"):
+        conftest._shared_database(local)
+
+
+def test_a_failure_only_the_nightly_search_finds_replays_from_a_copy_of_its_database(tmp_path, hypothesis_profile):
+    """Issue 25's round trip, locally: examples/hypothesis_only_bug.py passes every explicit case; the nightly
+    profile's search finds it (4 tokens) and writes its database; a copy of that directory (what a developer
+    downloads from the nightly artifact or a GPU host), named by MOE_CONFORMANCE_SHARED_DB, makes the default dev
+    profile fail on the first example it replays, with an empty local database; the copy is only read. The nightly
+    search takes about a minute on 2 cores: the ci profile leaves it to dev and nightly (the directory wiring
+    itself is the test above)."""
+    import os
+    import shutil
+
+    if hypothesis_profile == "ci":
+        pytest.skip("ci profile: the nightly search this round trip needs takes ~60 s on 2 cores (dev and nightly "
+                    "run it)")
+
+    spec = ["suites/test_conformance.py", "-q", "-p", "no:cacheprovider", "--backend",
+            "examples.hypothesis_only_bug:make_backend"]
+
+    def run(*args, **env):
+        return subprocess.run([sys.executable, "-m", "pytest", *spec, *args], cwd=ROOT, capture_output=True,
+                              text=True, env={**os.environ, **env})
+
+    explicit = run("--hypothesis-profile=ci", "-k", f"test_conformance[ and (bf16/SILU/ or w_mxfp4/SILU/) and {HOST}")
+    assert explicit.returncode == 0 and "passed" in explicit.stdout.splitlines()[-1], explicit.stdout[-2000:]
+    nightly = run("--hypothesis-profile=nightly", "-k", "test_conformance_hypothesis",
+                  MOE_CONFORMANCE_HYPOTHESIS_DB=str(tmp_path / "nightly"))
+    assert nightly.returncode == 1 and "tokens=4" in nightly.stdout, nightly.stdout[-3000:]
+    shutil.copytree(tmp_path / "nightly", tmp_path / "artifact")
+    before = sorted(p.relative_to(tmp_path / "artifact") for p in (tmp_path / "artifact").rglob("*"))
+    replay = run("--hypothesis-profile=dev", "-k", "test_conformance_hypothesis", "--hypothesis-show-statistics",
+                 MOE_CONFORMANCE_HYPOTHESIS_DB=str(tmp_path / "local"), MOE_CONFORMANCE_SHARED_DB=str(tmp_path / "artifact"))
+    assert replay.returncode == 1 and "tokens=4" in replay.stdout, replay.stdout[-3000:]
+    reuse = replay.stdout[replay.stdout.index("during reuse phase"):]
+    assert "0 passing, 1 failing" in "".join(reuse.splitlines()[:4]), reuse[:500]
+    assert sorted(p.relative_to(tmp_path / "artifact") for p in (tmp_path / "artifact").rglob("*")) == before
