@@ -20,38 +20,19 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 
+from harness.outputs.matrix import shared_database
 from harness.platforms import PLATFORMS
-
-def _shared_database(local):
-    """The local database, plus - read-only - every nightly leg's uploaded database when
-    MOE_CONFORMANCE_SHARED_DB=owner/repo is set (and GITHUB_TOKEN: Hypothesis's GitHubArtifactDatabase), or the
-    database in a directory when it names one (a leg's artifact unpacked, or a copy from a GPU host): a failure
-    the nightly GPU matrix found replays in the next local run."""
-    repo = os.environ.get("MOE_CONFORMANCE_SHARED_DB")
-    if not repo:
-        return local
-    from hypothesis.database import GitHubArtifactDatabase, MultiplexedDatabase, ReadOnlyDatabase
-
-    if os.path.isdir(repo):  # a leg's database already downloaded and unpacked (or any local copy)
-        return MultiplexedDatabase(local, ReadOnlyDatabase(DirectoryBasedExampleDatabase(repo)))
-    if "/" not in repo or repo.count("/") != 1:
-        raise pytest.UsageError(f"MOE_CONFORMANCE_SHARED_DB={repo!r}: expected owner/repo (the nightly legs' "
-                                "database artifacts) or an existing directory (a database copied from one)")
-
-    from harness.outputs.matrix import nightly_matrix
-
-    owner, _, name = repo.partition("/")
-    shared = [ReadOnlyDatabase(GitHubArtifactDatabase(owner, name, artifact_name=leg["hypothesis-db"]))
-              for leg in nightly_matrix()["include"]]
-    return MultiplexedDatabase(local, *shared)
-
 
 # nightly writes here; the nightly workflow restores the previous night's copy before the run and
 # uploads it after (per platform)
 _DB = DirectoryBasedExampleDatabase(os.environ.get("MOE_CONFORMANCE_HYPOTHESIS_DB", ".hypothesis/examples"))
 _SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large]
 
-settings.register_profile("dev", max_examples=50, deadline=None, database=_shared_database(_DB),
+try:
+    _DEV_DB = shared_database(_DB)
+except ValueError as exc:  # a bad MOE_CONFORMANCE_SHARED_DB: one line, not a traceback
+    raise pytest.UsageError(str(exc)) from None
+settings.register_profile("dev", max_examples=50, deadline=None, database=_DEV_DB,
                           suppress_health_check=_SLOW_OK)
 settings.register_profile(
     "ci", max_examples=60, deadline=None, derandomize=True, database=None, print_blob=True,

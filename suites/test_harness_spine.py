@@ -263,19 +263,24 @@ def test_entry_points_that_run_triton_kernels_need_no_environment():
 def test_the_shared_database_may_be_a_directory_read_only_beside_the_local_one(tmp_path, monkeypatch):
     """MOE_CONFORMANCE_SHARED_DB names owner/repo (the nightly artifacts) or a directory (a copy of one); anything
     else is a usage error that says so."""
-    import conftest
     from hypothesis.database import DirectoryBasedExampleDatabase
+
+    from harness.outputs.matrix import shared_database
 
     local, shared = DirectoryBasedExampleDatabase(tmp_path / "local"), DirectoryBasedExampleDatabase(tmp_path / "copy")
     shared.save(b"key", b"value")
     monkeypatch.setenv("MOE_CONFORMANCE_SHARED_DB", str(tmp_path / "copy"))
-    db = conftest._shared_database(local)
+    db = shared_database(local)
     assert list(db.fetch(b"key")) == [b"value"]
     db.save(b"other", b"x")  # writes go to the local database only
     assert list(local.fetch(b"other")) == [b"x"] and list(shared.fetch(b"other")) == []
     monkeypatch.setenv("MOE_CONFORMANCE_SHARED_DB", str(tmp_path / "no" / "such" / "dir"))
-    with pytest.raises(pytest.UsageError, match="owner/repo .* or an existing directory"):
-        conftest._shared_database(local)
+    with pytest.raises(ValueError, match="owner/repo .* or an existing directory"):
+        shared_database(local)
+    bad = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "suites/test_layouts.py"],
+                         cwd=ROOT, capture_output=True, text=True,
+                         env={**__import__("os").environ, "MOE_CONFORMANCE_SHARED_DB": "not-a-repo"})
+    assert bad.returncode != 0 and "MOE_CONFORMANCE_SHARED_DB='not-a-repo'" in bad.stdout + bad.stderr
 
 
 def test_a_failure_only_the_nightly_search_finds_replays_from_a_copy_of_its_database(tmp_path, hypothesis_profile):
