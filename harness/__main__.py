@@ -131,7 +131,8 @@ def _catalog(args) -> int:
 def _backends(args) -> int:
     """Every registered backend (built-in, entry point, --backend), what it declares, and per platform
     whether it can run here and how many scheme x activation problems it supports."""
-    from harness.backends import (backend_accumulation_error, backend_available, backend_operand_dtype,
+    from harness.backends import (backend_accumulation_error, backend_accumulation_truncation, backend_available,
+                                  backend_k_order, backend_operand_dtype,
                                   backend_structure, checked_supports, registered_backends)
     from harness.backends import Problem
     from harness.platforms import PLATFORMS
@@ -144,7 +145,8 @@ def _backends(args) -> int:
         print(f"{name}{model}")
         print(f"    structure {backend_structure(backend).label}")
         print(f"    operands {str(backend_operand_dtype(backend)).removeprefix('torch.')}, accumulation error "
-              f"{backend_accumulation_error(backend):g}")
+              f"{backend_accumulation_error(backend):g}, truncation per K step "
+              f"{backend_accumulation_truncation(backend):g}, K order {backend_k_order(backend)}")
         for p in PLATFORMS.values():
             try:
                 n = sum(checked_supports(backend, prob, p)[0] for prob in problems)
@@ -204,8 +206,7 @@ def _diagnose(args) -> int:
     """Which numerical structures each backend's outputs conform to, over every conformance case it runs on this
     machine (or the --scheme / --activation ones): the declared one, every built-in one and every one-field change
     of the declared one (harness.core.structure_fit)."""
-    from harness.backends import (Declined, backend_accumulation_error, backend_operand_dtype, backend_prepare,
-                                  backend_structure, load_backend)
+    from harness.backends import Declined, backend_bound_declarations, backend_prepare, backend_structure, load_backend
     from harness.core.conformance import backend_shape, case_problem, conformance_cases, default_shape, reference_run
     from harness.core.structure_fit import structure_verdicts
     from harness.platforms import detect_platform
@@ -230,8 +231,8 @@ def _diagnose(args) -> int:
                 continue
             device = getattr(backend, "device", "cpu")
             got = backend.forward(prepared, *(t.to(device) for t in inputs)).cpu()
-            verdicts = structure_verdicts(got, ckpt, inputs, declared, backend_operand_dtype(backend, ckpt.scheme.name),
-                                          backend_accumulation_error(backend, ckpt.scheme.name))
+            verdicts = structure_verdicts(got, ckpt, inputs, declared,
+                                          backend_bound_declarations(backend, ckpt.scheme.name))
             n += 1
             for label, ok in verdicts.items():
                 fit_all[label] = fit_all.get(label, 0) + ok

@@ -15,7 +15,7 @@ import torch
 from reference.formats import E4M3FN, E4M3FNUZ, FloatFormat
 
 __all__ = ["Platform", "PLATFORMS", "platform_by_name", "detect_platform", "HostInfo", "host_info", "has_gpu",
-           "default_device"]
+           "default_device", "matrix_unit_truncation"]
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,9 @@ class Platform:
     # what the matrix units' FP8 accumulation may add to fp32's error, relative to sum|a||w| (a GEMM's declared
     # accumulation_error on FP8 operands); 0 where measured exact-fp32 or not measured (then say so)
     fp8_mma_accumulation_error: float = 0.0
+    # what the matrix units' bf16 accumulation may lose toward zero at each 16-wide K step, relative to the running
+    # sum (a backend on them declares it as accumulation_truncation); 0 where round-to-nearest or not measured
+    mma_truncation: float = 0.0
 
     @property
     def runner_labels(self) -> tuple[str, ...]:
@@ -57,8 +60,13 @@ PLATFORMS: dict[str, Platform] = {
         # k-chunk, promoted to fp32); 2^-11 = 4.9e-4 also covers a chunk sum truncated to 12 significand bits
         # (harness.backends.emulation's narrow_accumulator, tested on CPU). vLLM's Triton FP8 tl.dot shows it too
         # (results/gpu-issue23/run-7: 41-410 of 32768 elements 2.5-8x past an fp32-accumulation bound).
+        # Its bf16 matrix units (Triton's tl.dot, results/gpu-issue24/run-3/mma-accumulation.md) lose toward zero:
+        # over all-positive terms the error grows like K (0.044-0.072 u K sum|x| at K = 512-7168, where fp32 SGEMM
+        # stays at 0.001-0.006), 2.3 u of the running sum per 16-wide step at most; 2^-21 = 8 u per step covers it
+        # with room for steps where the running sum dwarfs the products more than in that probe.
         Platform("sm90", "nvidia", "NVIDIA Hopper (H100/H200): FP8 native, FP4/FP6 emulated", E4M3FN,
-                 frozenset({"fp8"}), ("torch_fp8", "triton_dot_scaled", *_EMULATION_TAIL), 2.0**-11),
+                 frozenset({"fp8"}), ("torch_fp8", "triton_dot_scaled", *_EMULATION_TAIL), 2.0**-11,
+                 mma_truncation=2.0**-21),
         Platform("sm100", "nvidia", "NVIDIA Blackwell (B200): native MXFP8/MXFP4/NVFP4 and FP8", E4M3FN,
                  frozenset({"fp8", "mxfp8", "mxfp4", "nvfp4"}),
                  ("torch_blockscaled", "torch_fp8", "triton_dot_scaled", *_EMULATION_TAIL)),
@@ -126,6 +134,12 @@ def has_gpu() -> bool:
 def default_device() -> str:
     """Where backends put their tensors by default: "cuda" when a GPU is visible, else "cpu"."""
     return "cuda" if has_gpu() else "cpu"
+
+
+def matrix_unit_truncation(device) -> float:
+    """accumulation_truncation for a kernel whose bf16 GEMMs run on this machine's matrix units on `device` (0 on the
+    CPU, where they are emulated with round-to-nearest fp32 sums)."""
+    return 0.0 if str(device) == "cpu" else detect_platform().mma_truncation
 
 
 def gpu_count() -> int:

@@ -253,8 +253,58 @@ def test_probabilistic_gemm_term_holds_for_round_to_nearest_sums_and_is_tighter_
     assert rel <= gamma(k + 4) and (k < 1024 or rel < gamma(k + 4) / 3)
     for x in (torch.randn(64, k, generator=g), torch.randn(64, k, generator=g).abs()):
         exact, bound = x.double().sum(1), rel * x.double().abs().sum(1)
-        for got in (x.cumsum(1)[:, -1], x.sum(1), x.reshape(64, -1, 16).sum(2).cumsum(1)[:, -1]):
+        for got in (_sequential_fp32(x), _pairwise_fp32(x), _sequential_fp32(x.reshape(64, -1, 16).sum(2))):
             assert bool(((got.double() - exact).abs() <= bound).all())
+
+
+def _sequential_fp32(x: torch.Tensor) -> torch.Tensor:
+    """acc = fl32(acc + x_j) along dim 1, one rounding per add (torch's CPU cumsum accumulates wider)."""
+    acc = torch.zeros(x.shape[0], dtype=torch.float32)
+    for j in range(x.shape[1]):
+        acc = acc + x[:, j]
+    return acc
+
+
+def _pairwise_fp32(x: torch.Tensor) -> torch.Tensor:
+    """A binary tree over contiguous halves (each node a contiguous K range), in fp32."""
+    while x.shape[1] > 1:
+        x = x[:, 0::2] + x[:, 1::2] if x.shape[1] % 2 == 0 else torch.cat([x[:, :-1:2] + x[:, 1::2], x[:, -1:]], 1)
+    return x[:, 0]
+
+
+def test_partial_sums_in_k_order_bound_every_contiguous_order_and_a_kernel_out_of_order_must_say_so():
+    """gemm_error with k_order "ordered" (every partial sum a contiguous K range, give or take two aligned chunks)
+    holds for fp32 sums in every such order - sequential, reversed, a contiguous tree, 16-wide tiles in order,
+    split-K 4 added in order - on random-sign and all-positive terms, and is 5x or more tighter than the sum|x|
+    form on random-sign terms. On terms that cancel in K order (+x, -x pairs) a kernel that adds all the positive
+    terms first forms partial sums ~K/4 times a term: it breaks the ordered bound, and holds with k_order "any"
+    (a backend that combines K partial sums out of order declares it)."""
+    from harness.core.tolerances import gemm_error, gemm_magnitudes
+
+    g = torch.Generator().manual_seed(7)
+    k = 4096
+    orders = {"sequential": _sequential_fp32, "reversed": lambda x: _sequential_fp32(x.flip(1)), "tree": _pairwise_fp32,
+              "tiles of 16": lambda x: _sequential_fp32(_pairwise_fp32(x.reshape(-1, 16)).reshape(x.shape[0], -1)),
+              "split-K 4": lambda x: _sequential_fp32(_sequential_fp32(x.reshape(-1, k // 4)).reshape(-1, 4))}
+    for x in (torch.randn(64, k, generator=g), torch.rand(64, k, generator=g)):
+        mags = gemm_magnitudes(torch.ones(1, k, dtype=torch.float64), x.double())
+        bound = gemm_error(k, mags, 0.0)[:, 0]
+        exact = x.double().sum(1)
+        for name, add in orders.items():
+            err = (add(x).double() - exact).abs()
+            assert bool((err <= bound).all()), (name, float((err / bound).max()))
+        if bool((x < 0).any()):
+            anywhere = gemm_error(k, gemm_magnitudes(torch.ones(1, k, dtype=torch.float64), x.double(), k_order="any"),
+                                  0.0)[:, 0]
+            assert bool((5 * bound < anywhere).all())
+    k = 16384
+    x = torch.stack([torch.rand(64, k // 2, generator=g) + 1, -1 - torch.rand(64, k // 2, generator=g)], 2)
+    x = x.reshape(64, k)  # +a_0, -b_0, +a_1, -b_1, ...: the K-order prefix sums stay near 0
+    positives_first = _sequential_fp32(torch.cat([x[:, 0::2], x[:, 1::2]], 1)).double()
+    err = (positives_first - x.double().sum(1)).abs()
+    ones = torch.ones(1, k, dtype=torch.float64)
+    assert bool((err > gemm_error(k, gemm_magnitudes(ones, x.double()), 0.0)[:, 0]).any())
+    assert bool((err <= gemm_error(k, gemm_magnitudes(ones, x.double(), k_order="any"), 0.0)[:, 0]).all())
 
 
 def test_a_truncating_accumulator_breaks_the_probabilistic_term_so_it_is_declared_in_full():
@@ -272,11 +322,34 @@ def test_a_truncating_accumulator_breaks_the_probabilistic_term_so_it_is_declare
     assert bool((err <= (gemm_relative_error(4096, 0.0) + 2 * U_FP32 * 4096) * s1).all())
 
 
+def test_a_truncating_accumulator_breaks_the_ordered_bound_unless_it_declares_its_truncation():
+    """With partial sums bounded in K order the probabilistic term is ~sqrt(K) tighter for random-sign terms, and a
+    sum rounded toward zero at every add (2u of the running sum each) breaks it on random-sign terms as well as
+    on all-positive ones. Declared as accumulation_truncation per 16-wide K step (16 adds: 2^-19), the bound adds
+    it in full, times the largest partial sum, and holds (what Hopper's bf16 matrix units declare:
+    harness.platforms.Platform.mma_truncation)."""
+    from harness.core.tolerances import gemm_error, gemm_magnitudes
+
+    g = torch.Generator().manual_seed(3)
+    k = 4096
+    for x in (torch.randn(32, k, generator=g).double(), torch.rand(32, k, generator=g).double()):
+        x = x.float().double()
+        acc = torch.zeros(32, dtype=torch.float64)
+        for j in range(k):
+            acc = _round_toward_zero_fp32(acc + x[:, j])
+        err = (acc - x.sum(1)).abs()
+        mags = gemm_magnitudes(torch.ones(1, k, dtype=torch.float64), x)
+        assert bool((err > gemm_error(k, mags, 0.0)[:, 0]).any())
+        assert bool((err <= 0.5 * gemm_error(k, mags, 0.0, truncation=2.0**-19)[:, 0]).all())
+
+
 def test_at_real_sizes_the_fp8_bias_bug_fails_most_elements_and_a_correct_kernel_stays_far_inside():
     """vLLM's FP8 bias-before-dequantization bug (the catalog mutant) at H = I = 1024: the worst-case bound let it
-    through on 44% of the elements (results/cpu-issue24/bound-growth.md); the probabilistic GEMM terms and the
-    weighed re-quantization flips fail it on most, while the catalog's correct control uses a small part of the
-    bound. The false-alarm probability is stated with the bound."""
+    through on 44% of the elements (results/cpu-issue24/bound-growth.md), the probabilistic GEMM terms and the
+    weighed re-quantization flips on 16%; with partial sums bounded in K order (gemm_magnitudes) it fails 95%,
+    while the catalog's correct control stays at half the bound or less (it differs from the reference on 11 of
+    8192 elements, by one bf16 ulp, where the bound allows two or more). The false-alarm probability is stated
+    with the bound."""
     from harness.core.conformance import Shape, case_inputs
     from harness.detection.catalog import make_mutant
     from reference.structure import structure_by_name
@@ -290,8 +363,8 @@ def test_at_real_sizes_the_fp8_bias_bug_fails_most_elements_and_a_correct_kernel
     bug, control = make_mutant("fp8_bias_before_dequantization", st), make_mutant("control", st)
     caught = compare(out, bug.forward(bug.prepare(ckpt), x, w, ids), bound, "bias bug")
     passed = compare(out, control.forward(control.prepare(ckpt), x, w, ids), bound, "control")
-    assert caught.n_bad > 0.7 * caught.n_total, caught.message()
-    assert passed.ok and passed.max_ratio < 0.5, passed.message()
+    assert caught.n_bad > 0.9 * caught.n_total, caught.message()
+    assert passed.ok and passed.max_ratio <= 0.5, passed.message()
 
 
 def test_a_nan_or_inf_output_is_named_as_such_not_as_nan_times_the_bound():

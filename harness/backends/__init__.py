@@ -8,13 +8,16 @@ import importlib
 import re
 from importlib.metadata import entry_points
 
-from .base import (Backend, Declined, Problem, backend_accumulation_error, backend_available,
-                   backend_intermediate_multiple, backend_operand_dtype,
+from .base import (Backend, Declined, Problem, backend_accumulation_error, backend_accumulation_truncation,
+                   backend_available, backend_bound_declarations,
+                   backend_intermediate_multiple, backend_k_order, backend_operand_dtype,
                    backend_known_failures, backend_prepare, backend_structure, checked_supports, KnownFailure,
                    known_failure_for)
 
 __all__ = ["BUILTIN_BACKENDS", "BACKEND_NAME", "ENTRY_POINT_GROUP", "load_backend", "registered_backends", "Backend", "Problem",
-           "backend_available", "backend_operand_dtype", "backend_accumulation_error", "backend_structure",
+           "backend_available", "backend_operand_dtype", "backend_accumulation_error", "backend_k_order",
+           "backend_accumulation_truncation",
+           "backend_bound_declarations", "backend_structure",
            "backend_prepare", "Declined", "checked_supports", "KnownFailure", "backend_known_failures", "known_failure_for",
            "backend_intermediate_multiple"]
 

@@ -17,6 +17,15 @@ Optional:
   accumulation_error: float             0 (default) for fp32 GEMM accumulation; else the extra error of its
                                         hardware accumulator relative to sum|a||w| (see torch_fp8); a dict
                                         {scheme name: error} declares it per scheme (0 for the schemes it omits)
+  accumulation_truncation: float        0 (default) for a round-to-nearest accumulator; else the fraction of the
+                                        running sum its accumulator may lose toward zero at each 16-wide K step
+                                        (Hopper's bf16 matrix units: harness.platforms.Platform.mma_truncation);
+                                        systematic, so in full, times the largest partial sum; a dict per scheme
+  k_order: str                          "ordered" (default): each GEMM output's partial sums cover contiguous K
+                                        ranges (tiled K loops, split-K reduced in K order); "any": it combines
+                                        K partial sums out of order (split-K by atomics, K-permuted layouts).
+                                        The bound's rounding terms scale with the partial sums it allows
+                                        (harness.core.tolerances.gemm_magnitudes)
   intermediate_multiple: int            a rank's share of I under tensor parallelism is padded (with zero
                                         weights) to a multiple of this (default 1; torch's FP8 GEMMs: 16)
   known_failures: tuple[KnownFailure, ...]
@@ -44,7 +53,9 @@ from reference.checkpoints import MoECheckpoint
 from reference.schemes import Scheme
 from reference.structure import DEFAULT_STRUCTURE, NumericalStructure, structure_by_name
 
-__all__ = ["Problem", "Backend", "backend_operand_dtype", "backend_accumulation_error", "backend_available",
+__all__ = ["Problem", "Backend", "backend_operand_dtype", "backend_accumulation_error", "backend_k_order",
+           "backend_accumulation_truncation",
+           "backend_bound_declarations", "backend_available",
            "backend_intermediate_multiple",
            "backend_structure", "backend_prepare", "Declined", "checked_supports", "KnownFailure",
            "backend_known_failures", "known_failure_for"]
@@ -102,13 +113,42 @@ def backend_operand_dtype(backend, scheme: str | None = None) -> torch.dtype:
     return declared.get(scheme, torch.float32)
 
 
-def backend_accumulation_error(backend, scheme: str | None = None) -> float:
-    """The backend's declared accumulation error for this scheme (see accumulation_error above); without a scheme,
-    the largest it declares."""
-    declared = getattr(backend, "accumulation_error", 0.0)
+def _per_scheme(backend, attribute: str, scheme: str | None) -> float:
+    """A float declaration that may be a dict by scheme name (0 for the schemes it omits); without a scheme, the
+    largest it declares."""
+    declared = getattr(backend, attribute, 0.0)
     if not isinstance(declared, dict):
         return declared
     return declared.get(scheme, 0.0) if scheme is not None else max(declared.values(), default=0.0)
+
+
+def backend_accumulation_error(backend, scheme: str | None = None) -> float:
+    """The backend's declared accumulation error for this scheme (see accumulation_error above)."""
+    return _per_scheme(backend, "accumulation_error", scheme)
+
+
+def backend_accumulation_truncation(backend, scheme: str | None = None) -> float:
+    """The backend's declared accumulator truncation per K step for this scheme (see accumulation_truncation)."""
+    return _per_scheme(backend, "accumulation_truncation", scheme)
+
+
+# the K orders a backend may declare (k_order above; harness.core.tolerances.gemm_magnitudes bounds their partial sums)
+K_ORDERS = ("ordered", "any")
+
+
+def backend_k_order(backend) -> str:
+    """The backend's declared K order (see k_order above)."""
+    k_order = getattr(backend, "k_order", "ordered")
+    if k_order not in K_ORDERS:
+        raise TypeError(f"backend {backend.name!r}: k_order must be one of {K_ORDERS}, got {k_order!r}")
+    return k_order
+
+
+def backend_bound_declarations(backend, scheme: str) -> dict:
+    """What the backend declares about its GEMMs for this scheme, as moe_error_bound's keyword arguments."""
+    return dict(operand_dtype=backend_operand_dtype(backend, scheme),
+                accumulation_error=backend_accumulation_error(backend, scheme),
+                accumulation_truncation=backend_accumulation_truncation(backend, scheme), k_order=backend_k_order(backend))
 
 
 def backend_intermediate_multiple(backend) -> int:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.platforms import PLATFORMS, default_device, detect_platform, has_gpu
+from harness.platforms import PLATFORMS, default_device, detect_platform, has_gpu, matrix_unit_truncation
 from reference.activations import apply_activation
 from reference.checkpoints import MoECheckpoint
 from reference.fp8 import Granularity
@@ -130,6 +130,10 @@ class _GroupedMoE:
 class TorchGroupedMMBackend(_GroupedMoE):
     name = "torch_grouped_mm"
     operand_dtype = torch.bfloat16  # bf16 operands, fp32 accumulation
+
+    @property
+    def accumulation_truncation(self) -> float:  # on the GPU's bf16 matrix units, which truncate (harness.platforms)
+        return matrix_unit_truncation(self.device)
 
     def supports(self, problem, platform) -> tuple[bool, str]:
         if problem.scheme.weight is not None or problem.scheme.act is not None:

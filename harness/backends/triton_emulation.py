@@ -17,7 +17,7 @@ from reference.formats import FloatFormat
 from reference.fp8 import Granularity
 from reference.moe import check_moe_inputs, static_activation_scales
 from reference.mx import ScaleMode
-from harness.platforms import default_device
+from harness.platforms import default_device, matrix_unit_truncation
 from reference.quantizers import FP8, MX, NVFP4
 from reference.structure import STRUCTURES
 
@@ -106,6 +106,8 @@ class TritonEmulationBackend:
 
     def __init__(self, device: str | None = None):
         self.device = device or default_device()
+        # compiled, its tl.dot runs on the GPU's bf16 matrix units (harness.platforms: they truncate)
+        self.accumulation_truncation = matrix_unit_truncation("cpu" if K.INTERPRET else self.device)
         self.tiles: dict | None = None  # fixed tiles (configure()); None: TILE_TABLE by pair count
         self.last_compiled: dict = {}  # "w13"/"w2" -> the compiled kernel of the last launch (tools/kernel_report.py)
         self.last_launch: dict = {}  # "w13"/"w2" -> (grid, tiles) of the last launch (harness/bench/diagnosis.py)

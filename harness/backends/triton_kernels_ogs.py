@@ -43,7 +43,7 @@ import types
 import torch
 
 from harness import third_party
-from harness.platforms import default_device, detect_platform
+from harness.platforms import default_device, detect_platform, matrix_unit_truncation
 from reference.checkpoints import MoECheckpoint
 from reference.moe import check_moe_inputs
 
@@ -94,6 +94,7 @@ class TritonKernelsOgs:
 
     def __init__(self):
         self.device = default_device()
+        self.accumulation_truncation = matrix_unit_truncation(self.device)  # matmul_ogs: bf16 tl.dot, compiled
         self._tk = None
 
     # ---- what it computes ------------------------------------------------------------------------

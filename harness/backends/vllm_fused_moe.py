@@ -33,7 +33,7 @@ import torch
 from harness import third_party
 from harness.backends.base import KnownFailure
 from harness.backends.triton_kernels import INTERPRET
-from harness.platforms import default_device, detect_platform, has_gpu
+from harness.platforms import default_device, detect_platform, has_gpu, matrix_unit_truncation
 from reference.checkpoints import MoECheckpoint
 from reference.formats import E4M3FN
 from reference.fp8 import Granularity
@@ -146,6 +146,8 @@ class VllmFusedMoE:
         # platform's measured fact (harness.platforms); under the interpreter it is exact fp32
         fp8_acc = 0.0 if INTERPRET else detect_platform().fp8_mma_accumulation_error
         self.accumulation_error = {s: fp8_acc for s, kind in _SCHEMES.items() if kind == "fp8_w8a8"}
+        # and the others' on its bf16 matrix units, which truncate (harness.platforms)
+        self.accumulation_truncation = matrix_unit_truncation("cpu" if INTERPRET else self.device)
 
     # ---- what it computes ------------------------------------------------------------------------
     def supports(self, problem, platform) -> tuple[bool, str]:

@@ -23,8 +23,7 @@ from reference.schemes import SCHEMES, Scheme
 from reference.quantizers import FP8
 from reference.structure import NumericalStructure
 
-from harness.backends import (Declined, Problem, backend_accumulation_error, backend_available, backend_operand_dtype,
-                              backend_prepare, backend_structure, checked_supports, known_failure_for)
+from harness.backends import (Declined, Problem, backend_available, backend_bound_declarations, backend_prepare, backend_structure, checked_supports, known_failure_for)
 from harness.core.guard import check_unmodified, checkpoint_pairs, guarded_call, private_checkpoint, private_copy
 from harness.platforms import Platform
 from harness.core.structure_fit import conforming_structures
@@ -169,15 +168,15 @@ def compare_backend(backend, ckpt: MoECheckpoint, inputs, out: torch.Tensor, tra
     check_unmodified(what, "forward()", [("hidden_states", originals[0], x), ("topk_weights", originals[1], w),
                                          ("topk_ids", originals[2], ids), *checkpoint_pairs(ckpt, given)])
     check_output(what, got, tuple(inputs[0].shape))
-    bound = moe_error_bound(trace, ckpt, backend_operand_dtype(backend, ckpt.scheme.name),
-                            backend_accumulation_error(backend, ckpt.scheme.name))
+    declarations = backend_bound_declarations(backend, ckpt.scheme.name)
+    bound = moe_error_bound(trace, ckpt, **declarations)
     result = compare(out, got.cpu(), bound, f"{what}: output", structure=structure)
+    host_inputs = [t.cpu() for t in inputs]  # the reference runs on the host (inputs may be on the device: poisoned)
     if not result.ok and result.worst_index is not None:  # say who is closer to the exact value
-        exact = fused_moe(*inputs[:1], ckpt, *inputs[1:], structure=structure, exact=True)
+        exact = fused_moe(*host_inputs[:1], ckpt, *host_inputs[1:], structure=structure, exact=True)
         result = compare(out, got.cpu(), bound, f"{what}: output", structure=structure, exact=exact)
     if diagnose and not result.ok and result.n_nonfinite == 0:  # and which structure it does follow, if any
-        fits = conforming_structures(got.cpu(), ckpt, inputs, structure, backend_operand_dtype(backend, ckpt.scheme.name),
-                                     backend_accumulation_error(backend, ckpt.scheme.name))
+        fits = conforming_structures(got.cpu(), ckpt, host_inputs, structure, declarations)
         result = dataclasses.replace(result, structure_fits=tuple(fits))
     return result
 

@@ -40,22 +40,23 @@ def candidate_structures(declared: NumericalStructure) -> list[tuple[str, Numeri
 
 
 def conforming_structures(got: torch.Tensor, ckpt: MoECheckpoint, inputs, declared: NumericalStructure,
-                          operand_dtype: torch.dtype, accumulation_error: float) -> list[str]:
-    """The declarations (candidate_structures' labels) whose reference and bound this output meets."""
+                          declarations: dict) -> list[str]:
+    """The declarations (candidate_structures' labels) whose reference and bound this output meets; declarations:
+    the backend's GEMM declarations (harness.backends.backend_bound_declarations)."""
     x, w, ids = inputs
     fits = []
     for label, st in candidate_structures(declared):
         if st.max_top_k is not None and ids.shape[1] > st.max_top_k:
             continue
         out, trace = fused_moe(x, ckpt, w, ids, structure=st, trace=True)
-        bound = moe_error_bound(trace, ckpt, operand_dtype, accumulation_error)
+        bound = moe_error_bound(trace, ckpt, **declarations)
         if compare(out, got, bound, label).ok:
             fits.append(label)
     return fits
 
 
 def structure_verdicts(got: torch.Tensor, ckpt: MoECheckpoint, inputs, declared: NumericalStructure,
-                       operand_dtype: torch.dtype, accumulation_error: float) -> dict[str, bool]:
+                       declarations: dict) -> dict[str, bool]:
     """{declaration: does the output conform} for the declared structure (its label: the declared name) and every
     candidate (python -m harness diagnose: the structures that fit every case)."""
     x, w, ids = inputs
@@ -65,5 +66,5 @@ def structure_verdicts(got: torch.Tensor, ckpt: MoECheckpoint, inputs, declared:
         if st.max_top_k is not None and ids.shape[1] > st.max_top_k:
             continue
         out, trace = fused_moe(x, ckpt, w, ids, structure=st, trace=True)
-        verdicts[label] = compare(out, got, moe_error_bound(trace, ckpt, operand_dtype, accumulation_error), label).ok
+        verdicts[label] = compare(out, got, moe_error_bound(trace, ckpt, **declarations), label).ok
     return verdicts

@@ -6,8 +6,10 @@ declared numerical structure (reference.structure) that gets the same inputs and
 bit-exactly but may accumulate in any order in fp32, may feed its GEMMs bf16 operands where the
 dequantized values are not exactly bf16 (derived from the data), and rounds where its structure says:
   GEMM      |h' - h| <= (2u_op + u_op^2 + gamma_{K+4} + e_acc) sum|w||a| + sum|w| d_a   (Higham 3.5),
-            the first term replaced by its probabilistic form where tighter (gemm_relative_error: ~lambda
-            sqrt(K) u, failing with probability <= 2^-50 per output), the last by weighed flips (_propagated)
+            the first term replaced by its probabilistic form where tighter (gemm_error: ~lambda sqrt(K) u
+            times the largest partial sum the kernel may form, failing with probability <= 2^-50 per output;
+            partial sums bounded in K order unless the backend declares k_order "any": gemm_magnitudes), the
+            last by weighed flips (_propagated)
             e_acc: 0 for fp32 accumulation; a backend whose hardware accumulator is narrower than fp32
             declares its relative error on sum|w||a| (Hopper's FP8 tensor cores: see torch_fp8)
             a router weight in the GEMM's epilogue scales this by |w| and adds one fp32 rounding
@@ -38,6 +40,7 @@ from dataclasses import dataclass
 
 import torch
 
+from harness.backends.base import K_ORDERS
 from reference.checkpoints import MoECheckpoint
 from reference.activations import gate_and_up
 from reference.fp8 import ScaleApply
@@ -57,6 +60,10 @@ __all__ = [
     "bf16_ulp",
     "moe_error_bound",
     "requantization_deviation",
+    "gemm_error",
+    "gemm_magnitudes",
+    "GemmMagnitudes",
+    "K_ORDERS",
 ]
 
 U_BF16 = 2.0**-8
@@ -342,42 +349,97 @@ def probabilistic_lambda(n_roundings: int, u_max: float, p: float = GEMM_FAILURE
     return math.sqrt(2 * math.log(2 * n_roundings / p)) / (1 - u_max)
 
 
-def gemm_relative_error(k: int, u_op: float, p: float = GEMM_FAILURE_PROBABILITY) -> float:
-    """The relative (to sum|w||a|) error of one fp32 inner product of k products whose operands may each be
-    rounded with unit u_op, plus a bias and up to three scale multiplications, that holds except with
-    probability p: the smallest of
-      worst case (Higham 3.5)  2 u_op + u_op^2 + gamma_{k+4}
-      Higham and Mary          expm1(lambda sqrt(sum u_j^2) + sum u_j^2 / (1 - u_j)), p = n 2 exp(-lambda^2 (1-u)^2 / 2)
-      Azuma                    the error is exactly sum_j c_j delta_j over the 2k + 4 fp32 roundings (products,
-                               adds, scalings: c_j a computed partial sum or product, |c_j| <= (1 + gamma_{2k+4})
-                               sum|w||a|) and the operand roundings (sum_j c_j^2 <= (1 + u_op)^2 (sum|w||a|)^2 for
-                               each operand); mean-zero deltas make it a martingale: p = 2 exp(-t^2 / (2 sum c_j^2 u_j^2))
-    (Higham and Mary's union over the n terms costs little at small p; Azuma's has none, so it is the tighter at
-    the larger p of FLIP_LEVELS)."""
+# The K order the bound assumes unless a backend declares otherwise (k_order): every partial sum the kernel forms
+# covers a contiguous range of K, give or take parts of the aligned K_CHUNK-element chunks at its two ends. True of
+# tiled K loops (any tile width), of a matrix instruction's own adder tree (its K step of 16 or 32 lies inside
+# one chunk), and of split-K whose partial results are added in K order. Then |partial sum| <= the range of the
+# prefix sums at chunk boundaries plus two chunks' sum|w||a|: for random-sign data ~sqrt(K) times a typical
+# product, where sum|w||a| is ~K times it. k_order "any" (split-K reduced by atomics in any order, a K-permuted
+# weight layout) bounds every partial sum by sum|w||a| itself.
+K_CHUNK = 32
+MMA_K_STEP = 16  # the K width of one matrix-unit accumulation step (accumulation_truncation counts them)
+_SLAB = 1 << 24  # float64 elements per (chunk, row, output) slab: bounds the memory of the ordered magnitudes
+
+
+@dataclass(frozen=True)
+class GemmMagnitudes:
+    """Per GEMM output, what its rounding errors are relative to: abs_sum = sum|w||a| (+|bias|), partial = a bound
+    on every partial sum the kernel may form (k_order), square_sum = sum (w a)^2 (the products' own roundings)."""
+
+    abs_sum: torch.Tensor
+    partial: torch.Tensor
+    square_sum: torch.Tensor
+
+
+def gemm_magnitudes(w: torch.Tensor, a: torch.Tensor, bias=None, k_order: str = "ordered") -> GemmMagnitudes:
+    """GemmMagnitudes of a @ w.T (float64 operands: the reference's dequantized values)."""
+    if k_order not in K_ORDERS:
+        raise ValueError(f"k_order must be one of {K_ORDERS}, got {k_order!r}")
+    b_abs = bias.abs() if bias is not None else 0.0
+    square_sum = (a * a) @ (w * w).T
+    if k_order == "any":
+        abs_sum = a.abs() @ w.abs().T + b_abs
+        return GemmMagnitudes(abs_sum, abs_sum, square_sum)
+    k = a.shape[-1]
+    pad = (-k) % K_CHUNK
+    chunks = (k + pad) // K_CHUNK
+    a_c = torch.nn.functional.pad(a, (0, pad)).reshape(-1, chunks, K_CHUNK).transpose(0, 1)  # [chunk, row, C]
+    w_c = torch.nn.functional.pad(w, (0, pad)).reshape(-1, chunks, K_CHUNK).permute(1, 2, 0)  # [chunk, C, out]
+    abs_sum, partial = [], []
+    step = max(1, _SLAB // max(1, chunks * w.shape[0]))
+    for r in range(0, a.shape[0], step):
+        part = torch.bmm(a_c[:, r:r + step], w_c)
+        part_abs = torch.bmm(a_c[:, r:r + step].abs(), w_c.abs())
+        prefix = part.cumsum(0)
+        reach = prefix.amax(0).clamp_min(0) - prefix.amin(0).clamp_max(0)  # prefix 0 is the empty sum
+        abs_sum.append(part_abs.sum(0))
+        partial.append(reach + 2 * part_abs.amax(0))
+    abs_sum = torch.cat(abs_sum) + b_abs
+    # a bias added first shifts every partial sum by it
+    return GemmMagnitudes(abs_sum, torch.minimum(torch.cat(partial) + b_abs, abs_sum), square_sum)
+
+
+def gemm_error(k: int, mags: GemmMagnitudes, u_op: float, p: float = GEMM_FAILURE_PROBABILITY,
+               truncation: float = 0.0) -> torch.Tensor:
+    """A bound on |computed - exact| for GEMM outputs of k products computed in fp32 (any summation order that
+    k_order allows) from operands each possibly rounded with unit u_op, plus a bias and up to three scale
+    multiplications, that holds except with probability p per output. Round-to-nearest: the smallest of
+      worst case (Higham 3.5)  (2 u_op + u_op^2 + gamma_{k+4}) sum|w||a|
+      Higham and Mary          expm1(lambda sqrt(sum u_j^2) + sum u_j^2 / (1 - u_j)) sum|w||a|,
+                               p = n 2 exp(-lambda^2 (1 - u)^2 / 2)
+      Azuma                    the error is exactly sum_j c_j delta_j over the fp32 roundings and the operand
+                               roundings: the k + 4 adds and scalings have c_j a computed partial sum, |c_j| <=
+                               partial + gamma_{2k+4} sum|w||a|; the k products and the 2k operand roundings have
+                               c_j = (1 + u) w a, whose squares sum to square_sum; mean-zero deltas make it a
+                               martingale: p = 2 exp(-t^2 / (2 sum c_j^2 u_j^2))
+    (Higham and Mary's union over the n terms costs little at small p; Azuma's has none). An accumulator that
+    loses up to `truncation` of the running sum toward zero at each MMA_K_STEP of K is not mean-zero: that adds
+    truncation * ceil(k / MMA_K_STEP) * partial, in full."""
     worst = 2 * u_op + u_op * u_op + gamma(k + 4)
     units = [(U_FP32, k + 4)] + ([(u_op, 2)] if u_op > 0 else [])  # (unit, how many roundings of it)
     lam = probabilistic_lambda(sum(n for _, n in units), max(v for v, _ in units), p)
     spread = math.sqrt(sum(n * v * v for v, n in units))
     drift = sum(n * v * v / (1 - v) for v, n in units)
-    higham_mary = math.expm1(lam * spread + drift)
-    azuma = (math.sqrt(2 * math.log(2 / p)) * (1 + gamma(2 * k + 4)) *
-             math.sqrt((2 * k + 4) * U_FP32**2 + 2 * (u_op * (1 + u_op))**2))
-    return min(worst, higham_mary, azuma)
+    relative = min(worst, math.expm1(lam * spread + drift))
+    partial = mags.partial + gamma(2 * k + 4) * mags.abs_sum
+    variance = (U_FP32**2 * ((k + 4) * partial * partial + (1 + U_FP32) ** 2 * mags.square_sum)
+                + 2 * (u_op * (1 + u_op)) ** 2 * mags.square_sum)
+    # + the operand roundings' second-order products (delta_w delta_a w a), in full
+    azuma = math.sqrt(2 * math.log(2 / p)) * torch.sqrt(variance) + u_op * u_op * mags.abs_sum
+    return torch.minimum(relative * mags.abs_sum, azuma) + truncation * math.ceil(k / MMA_K_STEP) * mags.partial
 
 
-def _abs_products(w: torch.Tensor, a: torch.Tensor, bias) -> torch.Tensor:
-    """sum|w||a| (+ |bias|) per output of a @ w.T: what every GEMM error term is relative to."""
-    s = a.abs() @ w.abs().T
-    return s + bias.abs() if bias is not None else s
+def gemm_relative_error(k: int, u_op: float, p: float = GEMM_FAILURE_PROBABILITY) -> float:
+    """gemm_error relative to sum|w||a| whatever the data (partial sums and products as large as sum|w||a|)."""
+    one = torch.ones((), dtype=torch.float64)
+    return float(gemm_error(k, GemmMagnitudes(one, one, one), u_op, p))
 
 
-def _gemm_relative(k: int, u_op: float, e_acc: float, p: float) -> float:
-    """Relative (to sum|w||a|) error of one GEMM output computed in fp32 from operands each possibly rounded
-    with unit u_op (0 where the operands are exact), except with probability p; plus e_acc for a narrower
-    accumulator (systematic: in full) and the reference's own float64 accumulation (gamma_{K+1}). The sum has
-    K products, the bias, and up to three scale multiplications (activation, weight block or tensor scale,
-    expert scale)."""
-    return gemm_relative_error(k, u_op, p) + e_acc + gamma(k + 1, U_FP64)
+def _gemm_bound(k: int, mags: GemmMagnitudes, u_op: float, e_acc: float, trunc: float, p: float) -> torch.Tensor:
+    """gemm_error, plus e_acc sum|w||a| for a narrower accumulator and trunc times the largest partial sum for each
+    K step of an accumulator that truncates (both systematic: in full), and the reference's own float64
+    accumulation (gamma_{K+1})."""
+    return gemm_error(k, mags, u_op, p, trunc) + (e_acc + gamma(k + 1, U_FP64)) * mags.abs_sum
 
 
 def _propagated(levels: list[torch.Tensor], w_abs: torch.Tensor, group: int | None, feeds: int) -> torch.Tensor:
@@ -435,7 +497,8 @@ def requantization_deviation(
 
 
 def moe_error_bound(trace: MoETrace, ckpt: MoECheckpoint, operand_dtype: torch.dtype = torch.float32,
-                    accumulation_error: float = 0.0) -> ErrorBound:
+                    accumulation_error: float = 0.0, accumulation_truncation: float = 0.0,
+                    k_order: str = "ordered") -> ErrorBound:
     """Per-element bound on |kernel output - reference output| (both bf16), from the reference trace, for a
     kernel with the trace's numerical structure (trace.structure: its rounding points, where it applies the
     router weight, how it evaluates the activation and sums the top-k terms).
@@ -446,11 +509,17 @@ def moe_error_bound(trace: MoETrace, ckpt: MoECheckpoint, operand_dtype: torch.d
     costs u_bf16 per operand. Either way only where the operands are not exactly bf16 (decided from the
     data: MX values always are; NVFP4 and FP8 values times fp32 scales are not).
     accumulation_error: what the kernel's GEMM accumulation may add to fp32 accumulation's error, relative
-    to sum|w||a|: 0 for an fp32 accumulator; a backend on a narrower hardware accumulator declares it."""
+    to sum|w||a|: 0 for an fp32 accumulator; a backend on a narrower hardware accumulator declares it.
+    accumulation_truncation: what a truncating accumulator may lose at each MMA_K_STEP of K, relative to the running
+    sum (0 for round-to-nearest).
+    k_order: "ordered" (default) or "any": which partial sums the kernel may form (K_ORDERS, gemm_magnitudes)."""
     if operand_dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"operand_dtype must be float32 or bfloat16, got {operand_dtype}")
     if not 0.0 <= accumulation_error < 1:
         raise ValueError(f"accumulation_error must be in [0, 1), got {accumulation_error!r}")
+    if not 0.0 <= accumulation_truncation < 1:
+        raise ValueError(f"accumulation_truncation must be in [0, 1), got {accumulation_truncation!r}")
+    trunc = accumulation_truncation
     e_acc = accumulation_error
     st = trace.structure
     rw = st.router_weight
@@ -466,11 +535,9 @@ def moe_error_bound(trace: MoETrace, ckpt: MoECheckpoint, operand_dtype: torch.d
         w_abs = trace.pair_weight[rows].abs()[:, None]
         a1 = trace.a1[trace.pair_token[rows]]
         b13 = ckpt.b13[e].double() if ckpt.b13 is not None else None
-        s1 = _abs_products(trace.w13[e], a1, b13)
+        mags1 = gemm_magnitudes(trace.w13[e], a1, b13, k_order)
         # d_a2 at every level at once (a leading dim): each holds except with probability feeds * p
-        rel = torch.tensor([_gemm_relative(trace.w13.shape[-1], u1, e_acc, p) for p in FLIP_LEVELS],
-                           dtype=torch.float64)
-        d_h = rel[:, None, None] * s1
+        d_h = torch.stack([_gemm_bound(trace.w13.shape[-1], mags1, u1, e_acc, trunc, p) for p in FLIP_LEVELS])
         if rw is RouterWeight.GEMM1_EPILOGUE:  # w times the fp32 accumulator: one more fp32 rounding
             d_h = (1 + U_FP32) * w_abs * d_h + U_FP32 * trace.h_pre[rows].abs()
         d_h = _through_rounding(d_h, trace.h_pre[rows], st.gemm1_out)
@@ -482,8 +549,9 @@ def moe_error_bound(trace: MoETrace, ckpt: MoECheckpoint, operand_dtype: torch.d
         levels = list(torch.cummax(d_y, 0).values.unbind(0))
         b2 = ckpt.b2[e].double() if ckpt.b2 is not None else None
         w2_abs = trace.w2[e].abs()
-        dz = (_gemm_relative(trace.w2.shape[-1], u2, e_acc, GEMM_FAILURE_PROBABILITY) *
-              _abs_products(trace.w2[e], trace.a2[rows], b2) + _propagated(levels, w2_abs, group, feeds))
+        mags2 = gemm_magnitudes(trace.w2[e], trace.a2[rows], b2, k_order)
+        dz = (_gemm_bound(trace.w2.shape[-1], mags2, u2, e_acc, trunc, GEMM_FAILURE_PROBABILITY)
+              + _propagated(levels, w2_abs, group, feeds))
         if rw is RouterWeight.GEMM2_EPILOGUE:
             dz = (1 + U_FP32) * w_abs * dz + U_FP32 * trace.z_pre[rows].abs()
         d_z[rows] = _through_rounding(dz, trace.z_pre[rows], st.gemm2_out)

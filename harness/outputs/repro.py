@@ -19,7 +19,7 @@ import torch
 from reference.checkpoints import MoECheckpoint, QuantizedWeight
 from reference.moe import fused_moe
 
-from harness.backends import backend_operand_dtype, backend_accumulation_error, backend_structure
+from harness.backends import backend_bound_declarations, backend_structure
 from harness.core.tolerances import compare, moe_error_bound
 from harness.core.conformance import backend_shape, case_problem, reference_run
 
@@ -57,8 +57,7 @@ def _run(backend, ckpt, x, w, ids):
     out, trace = fused_moe(x, ckpt, w, ids, structure=structure, trace=True)
     device = getattr(backend, "device", "cpu")
     got = backend.forward(backend.prepare(ckpt), x.to(device), w.to(device), ids.to(device)).cpu()
-    bound = moe_error_bound(trace, ckpt, backend_operand_dtype(backend, ckpt.scheme.name),
-                            backend_accumulation_error(backend, ckpt.scheme.name))
+    bound = moe_error_bound(trace, ckpt, **backend_bound_declarations(backend, ckpt.scheme.name))
     return out, got, bound
 
 

@@ -57,7 +57,7 @@ def _rank_main(rank: int, world: str, size: int, port: int, cases: list[dict], o
     # the GPU machine's NCCL must keep NVLink multicast off (shared hosts); set before NCCL starts
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
-    from harness.backends import (Declined, backend_accumulation_error, backend_operand_dtype, backend_prepare,
+    from harness.backends import (Declined, backend_bound_declarations, backend_prepare,
                                   backend_structure, load_backend)
     from harness.core.conformance import case_checkpoint, case_inputs, case_problem
     from harness.core.tolerances import compare
@@ -114,8 +114,7 @@ def _rank_main(rank: int, world: str, size: int, port: int, cases: list[dict], o
             dist.all_reduce(partial, op=dist.ReduceOp.SUM)  # bf16, in the order the library picks
             if rank == 0:
                 expected, bound, exacts = sharded_reference(x, ckpt, w, ids, par, backend_structure(backend),
-                                                            backend_operand_dtype(backend, ckpt.scheme.name),
-                                                            backend_accumulation_error(backend, ckpt.scheme.name))
+                                                            backend_bound_declarations(backend, ckpt.scheme.name))
                 r = compare(expected, partial.cpu(), bound, f"{case.id}/{world}x{size}: output",
                             structure=backend_structure(backend), exact=torch.stack(exacts).sum(0))
                 verdicts.append(dict(case=case.id, outcome="passed" if r.ok else "failed",

@@ -36,8 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.backends import (backend_accumulation_error, backend_intermediate_multiple, backend_operand_dtype,
-                              backend_prepare, backend_structure, known_failure_for)
+from harness.backends import (backend_bound_declarations, backend_intermediate_multiple, backend_prepare, backend_structure, known_failure_for)
 from harness.core.guard import guarded_call
 from harness.core.tolerances import ErrorBound, U_BF16, _through_rounding, compare, gamma, moe_error_bound
 from reference.checkpoints import MoECheckpoint, QuantizedWeight
@@ -304,7 +303,7 @@ def check_parallel_structure(structure: NumericalStructure, par: Parallelism) ->
 
 
 def sharded_reference(x, ckpt: MoECheckpoint, w, ids, par: Parallelism, structure: NumericalStructure,
-                      operand_dtype, accumulation_error: float):
+                      declarations: dict):
     """(the reference bf16 output of the sharded run, its ErrorBound, the per-rank float64 exact partials):
     the reference MoE on each canonical shard, the reduction in fp32 with one rounding, and the bound: the
     per-rank bounds summed, fp32 adds, and for a bf16 all-reduce the roundings after all but the last add."""
@@ -314,7 +313,7 @@ def sharded_reference(x, ckpt: MoECheckpoint, w, ids, par: Parallelism, structur
         w_r, ids_r = CANONICAL.route(w, ids, par, rank, ckpt.num_experts)
         out, trace = fused_moe(x, shard, w_r, ids_r, structure=structure, trace=True)
         outs.append(out.double())
-        bounds.append(moe_error_bound(trace, shard, operand_dtype, accumulation_error).bound)
+        bounds.append(moe_error_bound(trace, shard, **declarations).bound)
         exacts.append(fused_moe(x, shard, w_r, ids_r, structure=structure, exact=True))
     total = torch.stack(outs).sum(0)
     n = len(outs)
@@ -335,8 +334,8 @@ def run_sharded(backend, ckpt: MoECheckpoint, inputs, par: Parallelism, what: st
         raise ValueError(f"{what}: {why}")
     par = with_backend_padding(par, backend)
     x, w, ids = inputs
-    expected, bound, exacts = sharded_reference(x, ckpt, w, ids, par, structure, backend_operand_dtype(backend, ckpt.scheme.name),
-                                                backend_accumulation_error(backend, ckpt.scheme.name))
+    expected, bound, exacts = sharded_reference(x, ckpt, w, ids, par, structure,
+                                                backend_bound_declarations(backend, ckpt.scheme.name))
     got = sharder.run(backend, what, ckpt, inputs, par)
     exact = torch.stack(exacts).sum(0)
     return compare(expected, got, bound, f"{what}: output", structure=structure, exact=exact)
