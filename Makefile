@@ -38,7 +38,7 @@ SUITES  ?= suites/test_conformance.py suites/test_parallel_conformance.py
 REPORT  ?= report
 conformance: $(SETUP) third-party
 	rm -rf $(REPORT) && mkdir -p $(REPORT)
-	$(PYTEST) $(SUITES) --hypothesis-profile=$(PROFILE) -n auto -rfE \
+	$(PYTEST) $(SUITES) --hypothesis-profile=$(PROFILE) -n auto --dist worksteal --durations=15 -rfE \
 		-m "$$($(PY) -m harness platforms --host)" --report=$(REPORT) --junitxml=$(REPORT)/junit.xml
 
 browser:

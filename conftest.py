@@ -146,6 +146,9 @@ def pytest_collection_modifyitems(config, items):
         if not any(item.get_closest_marker(m) for m in PLATFORMS):
             for m in PLATFORMS:  # platform-independent: must hold everywhere
                 item.add_marker(getattr(pytest.mark, m))
+    # Hypothesis properties first: under xdist they are a run's longest tests (100 examples each on a nightly
+    # leg), so they start at once, side by side, and the short cases fill the workers around them
+    items.sort(key=lambda item: not getattr(getattr(item, "obj", None), "is_hypothesis_test", False))
 
 
 @pytest.fixture(scope="session")

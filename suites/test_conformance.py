@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import HealthCheck, assume, example, given, note, settings, target
+from hypothesis import HealthCheck, Phase, assume, example, given, note, settings, target
 from hypothesis import strategies as st
 
 from harness.backends import Declined, backend_available, known_failure_for
@@ -119,47 +119,52 @@ def runnable(backend_name, backends):
     return cases
 
 
-# the fixtures are constant per backend: sharing them across examples is intended. 12 examples per backend in dev
-# and ci (the Triton interpreter's cost); the nightly legs search 200
-@settings(max_examples=200 if settings.get_current_profile_name() == "nightly" else 12, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
-                                                  HealthCheck.data_too_large, HealthCheck.filter_too_much])
-@given(
-    case=st.integers(0, 2**16),
-    seed=st.integers(0, 2**16),
-    tokens=st.integers(0, 10),
-    top_k=st.integers(1, 4),
-    routing=st.sampled_from(ROUTINGS),
-    # the ci profile keeps its budget: the shape classes there are the explicit examples below (and test_shape_class)
-    # elsewhere half the examples draw their own tokens, top_k and routing, half take a shape class
-    shape_class=st.just(None) if settings.get_current_profile_name() == "ci" else st.one_of(
-        st.just(None), st.sampled_from(list(SHAPE_CLASSES))),
-)
-# Pinned corner inputs, run for every backend in every profile; a failure the nightly database finds
-# gets its @example here too (the database alone is not in git).
-@example(case=0, seed=0, tokens=0, top_k=3, routing="random", shape_class=None)  # zero tokens: an empty grid
-@example(case=7, seed=3, tokens=1, top_k=1, routing="all_to_one", shape_class=None)  # one token, one expert
-@example(case=11, seed=5, tokens=10, top_k=4, routing="skip_experts", shape_class=None)  # experts 0..E-k-1 idle
-@example(case=1, seed=0, tokens=0, top_k=1, routing="random", shape_class="k_tails_gpt-oss-120b_tp2")  # real layers
-def test_conformance_hypothesis(backend_name, backends, runnable, case, seed, tokens, top_k, routing, shape_class):
-    """Random problems, token counts (zero included), top-k (1 to 4: the structures differ in how they sum
-    three or more terms) and skewed routing for each backend; or a shape class (harness.inputs.shape_classes:
-    its own experts, H, I, tokens, top_k, routing and input layout, with the drawn scheme and seed), so that the
-    shared database keeps what it finds there too. Under the nightly profile, target() steers generation toward
-    the largest error relative to the bound."""
-    scheme, act, platform = runnable[case % len(runnable)]
-    if shape_class is None:
-        result = run_drawn_case(backends[backend_name], scheme, act, PLATFORMS[platform], _shape(), seed, tokens,
-                                top_k, routing)
-    else:  # the class fixes tokens, top_k and routing: the drawn ones are not used
-        note(f"shape class {shape_class}: {SHAPE_CLASSES[shape_class]} (drawn tokens, top_k and routing unused)")
-        result = run_shape_class_case(backends[backend_name], scheme, SHAPE_CLASSES[shape_class], PLATFORMS[platform],
-                                      seed % 4)
+# the fixtures are constant per backend: sharing them across examples is intended. The nightly legs search 100
+# examples of each of the two properties below per backend (two tests, so that xdist runs them side by side: one
+# property of 200 examples was the leg's longest test); dev and ci draw 12 of the first (the Triton interpreter's
+# cost), and of the second dev draws 6 and ci runs only its explicit examples (test_shape_class covers the classes)
+_PROFILE = settings.get_current_profile_name()
+_SLOW_OK = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large,
+            HealthCheck.filter_too_much]
+
+
+def _judge(result):
     if isinstance(result, str):  # an unsupported shape or a declined checkpoint: never run there
         note(result)
         assume(False)
         return
     target(min(result.max_ratio, 1e6), label="worst |kernel - reference| / bound")
     assert result.ok, result.message()
+
+
+@settings(max_examples=100 if _PROFILE == "nightly" else 12, suppress_health_check=_SLOW_OK)
+@given(case=st.integers(0, 2**16), seed=st.integers(0, 2**16), tokens=st.integers(0, 10), top_k=st.integers(1, 4),
+       routing=st.sampled_from(ROUTINGS))
+# Pinned corner inputs, run for every backend in every profile; a failure the nightly database finds
+# gets its @example here too (the database alone is not in git).
+@example(case=0, seed=0, tokens=0, top_k=3, routing="random")  # zero tokens: an empty grid
+@example(case=7, seed=3, tokens=1, top_k=1, routing="all_to_one")  # one token, one expert
+@example(case=11, seed=5, tokens=10, top_k=4, routing="skip_experts")  # experts 0..E-k-1 idle
+def test_conformance_hypothesis(backend_name, backends, runnable, case, seed, tokens, top_k, routing):
+    """Random problems, token counts (zero included), top-k (1 to 4: the structures differ in how they sum
+    three or more terms) and skewed routing for each backend, at the platform's shape. Under the nightly
+    profile, target() steers generation toward the largest error relative to the bound."""
+    scheme, act, platform = runnable[case % len(runnable)]
+    _judge(run_drawn_case(backends[backend_name], scheme, act, PLATFORMS[platform], _shape(), seed, tokens, top_k,
+                          routing))
+
+
+@settings(max_examples={"nightly": 100, "dev": 6}.get(_PROFILE, 1), suppress_health_check=_SLOW_OK,
+          **({"phases": [Phase.explicit]} if _PROFILE == "ci" else {}))
+@given(case=st.integers(0, 2**16), seed=st.integers(0, 2**16), shape_class=st.sampled_from(list(SHAPE_CLASSES)))
+@example(case=1, seed=0, shape_class="k_tails_gpt-oss-120b_tp2")  # real layers
+def test_shape_class_hypothesis(backend_name, backends, runnable, case, seed, shape_class):
+    """A shape class (harness.inputs.shape_classes: its own experts, H, I, tokens, top_k, routing and input layout)
+    with a drawn problem and seed, so that the shared database keeps what the search finds there too."""
+    scheme, _, platform = runnable[case % len(runnable)]
+    note(f"shape class {shape_class}: {SHAPE_CLASSES[shape_class]}")
+    _judge(run_shape_class_case(backends[backend_name], scheme, SHAPE_CLASSES[shape_class], PLATFORMS[platform],
+                                seed % 4))
 
 
 def test_backend_quantizer_entry_points_are_bit_exact(backend_name, backends):
