@@ -38,6 +38,11 @@ class QuantizedWeight:
     scale: torch.Tensor | None = None  # MX/NVFP4 uint8 block scales; FP8 fp32 scales
     global_scale: torch.Tensor | None = None  # NVFP4 [E] fp32, direction per the checkpoint's convention
 
+    def experts(self, ids: torch.Tensor) -> "QuantizedWeight":
+        """These experts' weights only (every field is per expert along dim 0)."""
+        pick = lambda t: None if t is None else t[ids]  # noqa: E731
+        return QuantizedWeight(self.data[ids], pick(self.scale), pick(self.global_scale))
+
 
 @dataclass(frozen=True)
 class MoECheckpoint:

@@ -50,8 +50,9 @@ class MoETrace:
     acc_pre: torch.Tensor  # [T, k, H] SEQUENTIAL: the partial sums before each rounding (FP32: term sums)
     out_pre: torch.Tensor  # [T, H] before the output rounding
     out: torch.Tensor  # [T, H] float64, after it
-    w13: torch.Tensor  # [E, N13, H] float64 dequantized weights
-    w2: torch.Tensor  # [E, H, I]
+    experts: torch.Tensor  # [R] the routed experts' ids, ascending: w13 and w2 hold theirs only
+    w13: torch.Tensor  # [R, N13, H] float64 dequantized weights of the routed experts
+    w2: torch.Tensor  # [R, H, I]
     pair_token: torch.Tensor  # [P] token of each pair
     pair_expert: torch.Tensor  # [P] expert of each pair
     pair_weight: torch.Tensor  # [P] routing weight of each pair (float64)
@@ -167,8 +168,10 @@ def fused_moe(
     keep = not exact
     t, hsz = hidden_states.shape
     k = topk_ids.shape[1]
-    w13 = dequantize_weight(ckpt.w13, scheme.weight, ckpt).double()
-    w2 = dequantize_weight(ckpt.w2, scheme.weight, ckpt).double()
+    # only the routed experts are dequantized (a real model's weights in float64 would be tens of GB)
+    experts = topk_ids.reshape(-1).long().unique()
+    w13 = dequantize_weight(ckpt.w13.experts(experts), scheme.weight, ckpt).double()
+    w2 = dequantize_weight(ckpt.w2.experts(experts), scheme.weight, ckpt).double()
     a1_scale, a2_scale = static_activation_scales(ckpt)
     qdq = lambda x, s: activation_qdq(x, aq, ckpt, s, st.fp8_static_scale)  # noqa: E731
 
@@ -182,10 +185,10 @@ def fused_moe(
     h_pre, h = torch.zeros(p, n13, dtype=torch.float64), torch.zeros(p, n13, dtype=torch.float64)
     phi_pre, y_pre, y, a2 = (torch.zeros(p, isz, dtype=torch.float64) for _ in range(4))
     z_pre, z = torch.zeros(p, hsz, dtype=torch.float64), torch.zeros(p, hsz, dtype=torch.float64)
-    for e in pair_expert.unique().tolist():
+    for i, e in enumerate(experts.tolist()):
         rows = (pair_expert == e).nonzero().flatten()
         we = pair_weight[rows, None]
-        he = a1[pair_token[rows]] @ w13[e].T
+        he = a1[pair_token[rows]] @ w13[i].T
         if ckpt.b13 is not None:
             he = he + ckpt.b13[e].double()
         if st.router_weight is RouterWeight.GEMM1_EPILOGUE:
@@ -193,7 +196,7 @@ def fused_moe(
         h_pre[rows], h[rows] = he, round_to(he, st.gemm1_out, keep)
         phi_pre[rows], y_pre[rows], y[rows] = evaluate_activation(h[rows], act, st, exact)
         a2[rows] = qdq(y[rows].float(), a2_scale).double() if aq is not None else y[rows]
-        ze = a2[rows] @ w2[e].T
+        ze = a2[rows] @ w2[i].T
         if ckpt.b2 is not None:
             ze = ze + ckpt.b2[e].double()
         if st.router_weight is RouterWeight.GEMM2_EPILOGUE:
@@ -216,6 +219,6 @@ def fused_moe(
     if not trace:
         return result
     return result, MoETrace(
-        st, a1, h_pre, h, phi_pre, y_pre, y, a2, z_pre, z, term, acc_pre, out_pre, out, w13, w2, pair_token,
+        st, a1, h_pre, h, phi_pre, y_pre, y, a2, z_pre, z, term, acc_pre, out_pre, out, experts, w13, w2, pair_token,
         pair_expert, pair_weight, a1_scale, a2_scale, k,
     )

@@ -11,12 +11,12 @@ import dataclasses
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.backends.jax_ragged_dot import JaxRaggedDotBackend
 from harness.backends.torch_grouped_mm import TorchGroupedMMBackend, TorchScaledGroupedMMBackend, group_rows
-from harness.core.conformance import SHAPES, ConformanceCase, run_case, run_drawn_case
+from harness.core.conformance import SHAPES, ConformanceCase, moe_property_examples, run_case, run_drawn_case
 from harness.platforms import PLATFORMS
 from reference.activations import ACTIVATIONS
 from reference.schemes import SCHEMES
@@ -77,6 +77,7 @@ def test_torch_scaled_grouped_mm_glue_passes_with_an_emulated_op(act):
     assert result.ok, result.message
 
 
+@settings(max_examples=moe_property_examples())
 @given(tokens=st.integers(1, 20), routing=st.sampled_from(["random", "all_to_one", "skip_experts"]),
        seed=st.integers(0, 3))
 def test_grouped_backends_hold_for_any_tokens_and_routing(tokens, routing, seed):
@@ -169,6 +170,7 @@ def test_jax_ragged_dot_bf16_passes(act, out_dtype):
 
 
 @needs_jax
+@settings(max_examples=moe_property_examples())
 @given(tokens=st.integers(0, 20), routing=st.sampled_from(["random", "all_to_one", "skip_experts"]))
 def test_jax_ragged_dot_holds_for_any_tokens_and_routing(tokens, routing):
     result = run_drawn_case(JaxRaggedDotBackend(device="cpu"), "bf16", "SILU", PLATFORMS["cpu"], SHAPES["cpu"], 0,

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from harness.backends import Declined, backend_available, known_failure_for
 from harness.core.conformance import (ROUTINGS, SHAPE_CLASS_SCHEMES, case_problem, conformance_cases, default_shape,
-                                      quantizer_cases, quantizer_property, run_case, run_drawn_case,
+                                      moe_property_examples, quantizer_cases, quantizer_property, run_case,
+                                      run_drawn_case,
                                       run_shape_class_case, shape_class_runs)
 from harness.inputs.shape_classes import SHAPE_CLASSES
 from harness.platforms import PLATFORMS, detect_platform
@@ -119,10 +120,11 @@ def runnable(backend_name, backends):
     return cases
 
 
-# the fixtures are constant per backend: sharing them across examples is intended. The nightly legs search 100
-# examples of each of the two properties below per backend (two tests, so that xdist runs them side by side: one
-# property of 200 examples was the leg's longest test); dev and ci draw 12 of the first (the Triton interpreter's
-# cost), and of the second dev draws 6 and ci runs only its explicit examples (test_shape_class covers the classes)
+# the fixtures are constant per backend: sharing them across examples is intended. The nightly legs search
+# NIGHTLY_MOE_EXAMPLES of each of the two properties below per backend (two tests, so that xdist runs them side by
+# side: one property of 200 examples was the leg's longest test); dev and ci draw 12 of the first (the Triton
+# interpreter's cost), and of the second dev draws 6 and ci runs only its explicit examples (test_shape_class
+# covers the classes)
 _PROFILE = settings.get_current_profile_name()
 _SLOW_OK = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large,
             HealthCheck.filter_too_much]
@@ -137,7 +139,7 @@ def _judge(result):
     assert result.ok, result.message()
 
 
-@settings(max_examples=100 if _PROFILE == "nightly" else 12, suppress_health_check=_SLOW_OK)
+@settings(max_examples=moe_property_examples(12), suppress_health_check=_SLOW_OK)
 @given(case=st.integers(0, 2**16), seed=st.integers(0, 2**16), tokens=st.integers(0, 10), top_k=st.integers(1, 4),
        routing=st.sampled_from(ROUTINGS))
 # Pinned corner inputs, run for every backend in every profile; a failure the nightly database finds
@@ -154,7 +156,7 @@ def test_conformance_hypothesis(backend_name, backends, runnable, case, seed, to
                           routing))
 
 
-@settings(max_examples={"nightly": 100, "dev": 6}.get(_PROFILE, 1), suppress_health_check=_SLOW_OK,
+@settings(max_examples=moe_property_examples(6 if _PROFILE == "dev" else 1), suppress_health_check=_SLOW_OK,
           **({"phases": [Phase.explicit]} if _PROFILE == "ci" else {}))
 @given(case=st.integers(0, 2**16), seed=st.integers(0, 2**16), shape_class=st.sampled_from(list(SHAPE_CLASSES)))
 @example(case=1, seed=0, shape_class="k_tails_gpt-oss-120b_tp2")  # real layers

@@ -8,7 +8,7 @@ import functools
 from dataclasses import dataclass
 
 import torch
-from hypothesis import assume, given
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from reference.activations import ACTIVATIONS, Activation, activation_by_name
@@ -33,7 +33,7 @@ from harness.inputs.strategies import mx_tensor
 from harness.platforms import PLATFORMS, detect_platform
 from reference.formats import format_by_name
 
-__all__ = ["Shape", "SHAPES", "ConformanceCase", "skip_reason", "run_case", "reference_run", "conformance_cases",
+__all__ = ["moe_property_examples", "NIGHTLY_MOE_EXAMPLES", "Shape", "SHAPES", "ConformanceCase", "skip_reason", "run_case", "reference_run", "conformance_cases",
            "QUANTIZER_CASES", "quantizer_cases", "case_checkpoint", "quantizer_property", "reference_quantize", "case_problem",
            "backend_shape", "checked_supports", "default_shape", "compare_backend", "case_inputs", "run_drawn_case",
            "ROUTINGS", "routed_ids", "run_shape_class_case", "shape_class_runs", "SHAPE_CLASS_SCHEMES"]
@@ -353,6 +353,19 @@ def quantizer_property(backend, hypothesis_settings):
 
 
 CI_ACTIVATION_STRIDE = 4
+
+
+# Examples per profile of a Hypothesis property whose every example runs a whole MoE (reference, bound, backend):
+# the nightly profile's max_examples (2000) is sized for quantizer-sized examples, and 2000 MoE examples are many
+# minutes of one core, the length of a nightly leg by themselves; other profiles keep their own (or the caller's)
+NIGHTLY_MOE_EXAMPLES = 100
+
+
+def moe_property_examples(otherwise: int | None = None) -> int:
+    """max_examples for a whole-MoE property under the current Hypothesis profile."""
+    if settings.get_current_profile_name() == "nightly":
+        return NIGHTLY_MOE_EXAMPLES
+    return otherwise if otherwise is not None else settings.default.max_examples
 
 
 def ci_thinned_out(backend, case: ConformanceCase) -> str | None:

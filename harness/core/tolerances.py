@@ -530,12 +530,12 @@ def moe_error_bound(trace: MoETrace, ckpt: MoECheckpoint, operand_dtype: torch.d
     group = 1 if aq is None else aq.kind.act_scale_group(aq)  # a2 elements that depend on each other
     feeds = (2 if act.gated else 1) * (group or 1)  # GEMM1 outputs each a2 element depends on
     d_z = torch.zeros_like(trace.z)
-    for e in trace.pair_expert.unique().tolist():
+    for i, e in enumerate(trace.experts.tolist()):
         rows = (trace.pair_expert == e).nonzero().flatten()
         w_abs = trace.pair_weight[rows].abs()[:, None]
         a1 = trace.a1[trace.pair_token[rows]]
         b13 = ckpt.b13[e].double() if ckpt.b13 is not None else None
-        mags1 = gemm_magnitudes(trace.w13[e], a1, b13, k_order)
+        mags1 = gemm_magnitudes(trace.w13[i], a1, b13, k_order)
         # d_a2 at every level at once (a leading dim): each holds except with probability feeds * p
         d_h = torch.stack([_gemm_bound(trace.w13.shape[-1], mags1, u1, e_acc, trunc, p) for p in FLIP_LEVELS])
         if rw is RouterWeight.GEMM1_EPILOGUE:  # w times the fp32 accumulator: one more fp32 rounding
@@ -548,8 +548,8 @@ def moe_error_bound(trace: MoETrace, ckpt: MoECheckpoint, operand_dtype: torch.d
                                            st.fp8_static_scale)
         levels = list(torch.cummax(d_y, 0).values.unbind(0))
         b2 = ckpt.b2[e].double() if ckpt.b2 is not None else None
-        w2_abs = trace.w2[e].abs()
-        mags2 = gemm_magnitudes(trace.w2[e], trace.a2[rows], b2, k_order)
+        w2_abs = trace.w2[i].abs()
+        mags2 = gemm_magnitudes(trace.w2[i], trace.a2[rows], b2, k_order)
         dz = (_gemm_bound(trace.w2.shape[-1], mags2, u2, e_acc, trunc, GEMM_FAILURE_PROBABILITY)
               + _propagated(levels, w2_abs, group, feeds))
         if rw is RouterWeight.GEMM2_EPILOGUE:
