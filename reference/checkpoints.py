@@ -164,12 +164,17 @@ def make_checkpoint(
     outlier_scale: float = 16.0,
     calibration_tokens: int = 32,
     bias_scale: float = 1.0,
+    distinct_experts: int | None = None,
 ) -> MoECheckpoint:
     """A quantized MoE checkpoint from random bf16 weights with outlier channels.
 
     Static activation scales (FP8 per-tensor, NVFP4 globals) are calibrated on random bf16 tokens:
     per expert, from the amax that expert's input sees, jittered per expert so that "max over experts"
-    differs from any single expert's. Weight-only schemes get no input scales at all."""
+    differs from any single expert's. Weight-only schemes get no input scales at all.
+
+    distinct_experts: quantize only this many experts from random weights and derive the others from them
+    (_derived_experts: output rows rolled by whole scale blocks), so that a real model's expert count (384 at
+    H 7168) costs a few experts' quantization; every expert still differs from every other."""
     scheme = scheme_by_name(scheme)
     activation = activation_by_name(activation) if isinstance(activation, str) else activation
     if nvfp4_global_convention not in NVFP4_CONVENTIONS:
@@ -189,19 +194,27 @@ def make_checkpoint(
         raise ValueError(f"hidden_size={hidden_size} must be a multiple of {scheme.n_multiple()} for {scheme.name}")
     if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts <= 0:
         raise ValueError(f"num_experts must be a positive int, got {num_experts!r}")
+    if distinct_experts is not None and (isinstance(distinct_experts, bool) or not isinstance(distinct_experts, int)
+                                         or distinct_experts <= 0):
+        raise ValueError(f"distinct_experts must be a positive int or None, got {distinct_experts!r}")
+    base = num_experts if distinct_experts is None else min(distinct_experts, num_experts)
     g = torch.Generator().manual_seed(seed)
     n13 = 2 * intermediate_size if activation.gated else intermediate_size
-    w13 = _dummy_weight(g, num_experts, n13, hidden_size, outlier_channels, outlier_scale)
-    w2 = _dummy_weight(g, num_experts, hidden_size, intermediate_size, outlier_channels, outlier_scale)
+    w13 = _dummy_weight(g, base, n13, hidden_size, outlier_channels, outlier_scale)
+    w2 = _dummy_weight(g, base, hidden_size, intermediate_size, outlier_channels, outlier_scale)
     # biases on the scale of the GEMM outputs they join (gpt-oss's are not small next to them): a bias
     # applied in the wrong place moves most outputs, not a few
-    b13 = torch.randn(num_experts, n13, generator=g) * bias_scale if with_bias else None
-    b2 = torch.randn(num_experts, hidden_size, generator=g) * bias_scale if with_bias else None
+    b13 = torch.randn(base, n13, generator=g) * bias_scale if with_bias else None
+    b2 = torch.randn(base, hidden_size, generator=g) * bias_scale if with_bias else None
+    q13 = _quantize_weight(w13, scheme.weight, nvfp4_global_convention, fp8_format)
+    q2 = _quantize_weight(w2, scheme.weight, nvfp4_global_convention, fp8_format)
+    if base < num_experts:
+        q13, b13, q2, b2 = _derived_experts(q13, b13, q2, b2, num_experts, scheme.n_multiple(), activation)
     ckpt = MoECheckpoint(
         scheme=scheme,
         activation=activation,
-        w13=_quantize_weight(w13, scheme.weight, nvfp4_global_convention, fp8_format),
-        w2=_quantize_weight(w2, scheme.weight, nvfp4_global_convention, fp8_format),
+        w13=q13,
+        w2=q2,
         hidden_size=hidden_size,
         intermediate_size=intermediate_size,
         b13=b13,
@@ -214,16 +227,67 @@ def make_checkpoint(
     x_cal = torch.randn(calibration_tokens, hidden_size, generator=g).to(torch.bfloat16).float()
     jitter = 0.75 + 0.5 * torch.rand(num_experts, generator=g)
     a1_amax = x_cal.abs().amax() * jitter
-    w13_deq = dequantize_weight(ckpt.w13, scheme.weight, ckpt)
+    # a derived expert's GEMM1 outputs are its base's, permuted (and so are their amax)
+    of_base = torch.arange(num_experts) % base
+    w13_deq = dequantize_weight(ckpt.w13.experts(torch.arange(base)), scheme.weight, ckpt)
     h = torch.einsum("th,enh->etn", x_cal, w13_deq)
     if b13 is not None:
-        h = h + b13[:, None, :]
-    a2_amax = apply_activation(h, activation).abs().amax(dim=(1, 2)) * jitter.flip(0)
+        h = h + b13[:base, None, :]
+    a2_amax = apply_activation(h, activation).abs().amax(dim=(1, 2))[of_base] * jitter.flip(0)
     return replace(
         ckpt,
         w13_input_scale=_input_scale(a1_amax, scheme, nvfp4_global_convention, fp8_format),
         w2_input_scale=_input_scale(a2_amax, scheme, nvfp4_global_convention, fp8_format),
     )
+
+
+def _rolled_rows(t: torch.Tensor, rows: int, parts: int) -> torch.Tensor:
+    """t's rows (dim 0) rolled by `rows` within each of `parts` equal parts."""
+    return torch.cat([torch.roll(p, rows % p.shape[0], 0) for p in t.chunk(parts)])
+
+
+def _derived_experts(q13: QuantizedWeight, b13, q2: QuantizedWeight, b2, num_experts: int, row_block: int,
+                     activation: Activation):
+    """(w13, b13, w2, b2) for num_experts experts from the first B: expert e is expert e mod B with its output
+    rows (and their scale rows and biases) rolled by (e div B) whole scale blocks: w13 within its gate and up
+    halves (by pairs of rows where they interleave, so each gate row keeps its up row), w2 over H. Rolled rows of
+    a valid quantized weight are a valid quantized weight; every derived expert differs from its base (checked)."""
+    base = q13.data.shape[0]
+    parts, pair = (1, 2) if activation.gated and activation.interleaved else ((2, 1) if activation.gated else (1, 1))
+
+    def rolled(q: QuantizedWeight, b, e: int, rows: int, parts: int) -> tuple[QuantizedWeight, torch.Tensor | None]:
+        src, n = e % base, q.data.shape[1]
+        scale = q.scale
+        if scale is not None and scale.dim() >= 2 and scale.shape[1] * row_block == n:  # scale rows per row block
+            scale = _rolled_rows(scale[src], rows // row_block, parts)
+        elif scale is not None:
+            scale = scale[src]
+        glob = None if q.global_scale is None else q.global_scale[src]
+        return (QuantizedWeight(_rolled_rows(q.data[src], rows, parts), scale, glob),
+                None if b is None else _rolled_rows(b[src], rows, parts))
+
+    n13, hsz = q13.data.shape[1], q2.data.shape[1]
+    w13s, b13s, w2s, b2s = [], [], [], []
+    made: dict[tuple[int, int, int], int] = {}
+    for e in range(num_experts):
+        shift = e // base
+        r13, r2 = shift * row_block * pair, shift * row_block
+        key = (e % base, r13 % (n13 // parts), r2 % hsz)
+        if key in made:
+            raise ValueError(f"expert {e} would repeat expert {made[key]}: {num_experts} experts need more than {base} "
+                             f"distinct ones at N13 {n13}, H {hsz} (distinct_experts)")
+        made[key] = e
+        q, b = rolled(q13, b13, e, r13, parts)
+        w13s.append(q), b13s.append(b)
+        q, b = rolled(q2, b2, e, r2, 1)
+        w2s.append(q), b2s.append(b)
+
+    def stack(qs: list[QuantizedWeight]) -> QuantizedWeight:
+        field = lambda name: None if getattr(qs[0], name) is None else torch.stack([getattr(q, name) for q in qs])  # noqa: E731
+        return QuantizedWeight(torch.stack([q.data for q in qs]), field("scale"), field("global_scale"))
+
+    both = lambda bs: None if bs[0] is None else torch.stack(bs)  # noqa: E731
+    return stack(w13s), both(b13s), stack(w2s), both(b2s)
 
 
 def _input_scale(amax: torch.Tensor, scheme: Scheme, convention: str, fp8_format: FloatFormat) -> torch.Tensor:

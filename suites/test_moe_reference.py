@@ -376,3 +376,31 @@ def test_a_nan_or_inf_output_is_named_as_such_not_as_nan_times_the_bound():
         got = torch.tensor([1.0, bad, 4.0], dtype=torch.bfloat16)
         msg = compare(expected, got, ErrorBound(torch.full((3,), 0.01, dtype=torch.float64)), "case").message()
         assert f"got {bad!r} where 2.0 was expected" in msg and "nanx" not in msg and "inf ulp" not in msg, msg
+
+
+@pytest.mark.parametrize("scheme, act", [("w_mxfp4", "SWIGLUOAI"), ("w_fp8_a_fp8", "SILU"), ("w_fp8_a_fp8_block", "SILU"),
+                                         ("w_nvfp4_a_nvfp4", "GELU"), ("bf16", "RELU2_NO_MUL")])
+def test_derived_experts_are_valid_distinct_and_cheap(scheme, act):
+    """make_checkpoint(distinct_experts=B) quantizes B experts and derives the rest by rolling output rows by whole
+    scale blocks (what lets a real model's 128-384 experts be built in seconds): its first B experts are the B-expert
+    checkpoint's, bit for bit; every expert dequantizes to a different matrix; a derived expert is its base with
+    rows rolled (w13 within its gate and up halves, or by pairs where they interleave, with the bias); the static
+    input scales follow (a derived expert's activations are its base's, permuted); too few distinct experts for
+    the shape is an error, never a silent repeat."""
+    from reference.checkpoints import dequantize_weight
+
+    c = make_checkpoint(scheme, act, 7, 512, 512, seed=1, with_bias=True, distinct_experts=3)
+    few = make_checkpoint(scheme, act, 3, 512, 512, seed=1, with_bias=True)
+    d13, d2 = (dequantize_weight(w, c.scheme.weight, c) for w in (c.w13, c.w2))
+    assert torch.equal(d13[:3], dequantize_weight(few.w13, few.scheme.weight, few))
+    flat = torch.cat([d13.flatten(1), d2.flatten(1)], 1)
+    assert all(not torch.equal(flat[i], flat[j]) for i in range(7) for j in range(i))
+    block = c.scheme.n_multiple()
+    parts = 2 if c.activation.gated and not c.activation.interleaved else 1
+    pair = 2 if c.activation.interleaved else 1
+    rolled = torch.cat([torch.roll(h, block * pair, 0) for h in d13[1].chunk(parts)])  # expert 4: expert 1, shift 1
+    assert torch.equal(d13[4], rolled) and torch.equal(d2[4], torch.roll(d2[1], block, 0))
+    assert torch.equal(c.b13[4], torch.cat([torch.roll(h, block * pair, 0) for h in c.b13[1].chunk(parts)]))
+    assert (c.w13_input_scale is None) == (few.w13_input_scale is None)
+    with pytest.raises(ValueError, match="would repeat"):  # shifts wrap around both weights' rows
+        make_checkpoint(scheme, act, 1 + 512 // block, 512, 512, seed=1, distinct_experts=1)

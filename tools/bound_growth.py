@@ -9,11 +9,14 @@ of elements the bound lets it through. A bound that grows faster than the correc
 
     .venv/bin/python tools/bound_growth.py [--sizes 256 1024 2880] [--scheme w_fp8_a_fp8 ...]
     .venv/bin/python tools/bound_growth.py --model-shares      # gpt-oss-120b TP1/TP2, Kimi-K2 TP8 (FP8, biased)
+    .venv/bin/python tools/bound_growth.py --real-shares [--share kimi-k2/8 ...]   # every expert, every activation,
+        # every structure: the bias bug's caught fraction and the correct control's verdict (issue 24, Done-when 3)
 """
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -62,13 +65,64 @@ def _row(scheme: str, size: int, act: str = "SILU", shape: Shape | None = None) 
     return "| " + " | ".join(cells) + " |"
 
 
+REAL_SHARES = ("gpt-oss-120b/1", "gpt-oss-120b/2", "kimi-k2/8", "kimi-k2/1")
+
+
+def _real_share_rows(share: str, tokens: int) -> None:
+    """Per activation at a real model's TP share (every expert built: make_checkpoint's distinct_experts), biased
+    w_fp8_a_fp8, under every structure defined for its top_k: the smallest fraction of elements on which the FP8
+    bias bug (the catalog mutant) fails, and whether the catalog's correct control passes with the largest
+    fraction of the bound it uses."""
+    from reference.activations import ACTIVATIONS
+    from harness.inputs.model_shapes import MODEL_LAYERS
+    from reference.structure import STRUCTURES
+
+    model, tp = share.split("/")
+    layer = MODEL_LAYERS[model]
+    shape = Shape(*layer.shape(int(tp), tokens))
+    x, w, ids = case_inputs(shape, 0)
+    for act in ACTIVATIONS:
+        start = time.perf_counter()
+        ckpt = make_checkpoint("w_fp8_a_fp8", act, shape.num_experts, shape.hidden_size, shape.intermediate_size,
+                               seed=0, with_bias=True, distinct_experts=8)
+        caught, control, alarm = [], [], 0.0
+        for name, st in STRUCTURES.items():
+            if st.max_top_k is not None and shape.top_k > st.max_top_k:
+                continue
+            out, trace = fused_moe(x, ckpt, w, ids, structure=st, trace=True)
+            bound = tolerances.moe_error_bound(trace, ckpt)
+            alarm = max(alarm, bound.false_alarm)
+            bug, ok = make_mutant("fp8_bias_before_dequantization", st), make_mutant("control", st)
+            b = tolerances.compare(out, bug.forward(bug.prepare(ckpt), x, w, ids), bound, name)
+            c = tolerances.compare(out, ok.forward(ok.prepare(ckpt), x, w, ids), bound, name)
+            caught.append((b.n_bad / max(1, b.n_total), name))
+            control.append((c.max_ratio, c.ok, name))
+        least, least_st = min(caught)
+        worst, _, worst_st = max(control)
+        print(f"| {layer.name(int(tp))} ({shape.num_experts} experts, H {shape.hidden_size}, I {shape.intermediate_size}, "
+              f"{tokens} tokens, top-{shape.top_k}) | {act} | {least:.1%} ({least_st}) | "
+              f"{'pass' if all(o for _, o, _ in control) else 'FAIL'} {worst:.2f} ({worst_st}) | {alarm:.1e} | "
+              f"{time.perf_counter() - start:.0f}s |", flush=True)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", nargs="+", type=int, default=[256, 1024, 2048, 3072], help="H = I (multiples of 128)")
     p.add_argument("--scheme", action="append", help="default: bf16, w_mxfp4, w_fp8_a_fp8, w_fp8_a_fp8_block")
     p.add_argument("--model-shares", action="store_true",
                    help="instead: w_fp8_a_fp8 at gpt-oss-120b's TP1/TP2 and Kimi-K2's TP8 shares (16 or 8 experts)")
+    p.add_argument("--real-shares", action="store_true",
+                   help="instead: every expert of gpt-oss-120b TP1/TP2 and Kimi-K2 TP8/TP1, every activation and structure")
+    p.add_argument("--share", action="append", choices=REAL_SHARES, help="with --real-shares: only these")
+    p.add_argument("--tokens", type=int, default=8, help="with --real-shares (default 8)")
     args = p.parse_args()
+    if args.real_shares:
+        print("| share | activation | bias bug: elements caught, least over structures | correct control: verdict, "
+              "largest fraction of the bound | false alarm per case | time |")
+        print("|---|---|---|---|---|---|")
+        for share in args.share or REAL_SHARES:
+            _real_share_rows(share, args.tokens)
+        return 0
     schemes = args.scheme or ["bf16", "w_mxfp4", "w_fp8_a_fp8", "w_fp8_a_fp8_block"]
     print("| scheme | H = I | bound/|out| median | p90 | bound without re-quantization flips, median | correct "
           "kernel |err|/|out| max | its largest fraction of the bound | FP8 bias bug |err|/|out| median | bug elements "

@@ -6,7 +6,6 @@ kernel" of every structure that the derived bounds must never fail."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 
 import torch
 
@@ -112,11 +111,4 @@ def moe_emulation(
 
 def _dequantize_expert(ckpt: MoECheckpoint, name: str, e: int) -> torch.Tensor:
     """One expert's weight, dequantized alone (never all experts up front)."""
-    w = getattr(ckpt, name)
-    one = replace(
-        w,
-        data=w.data[e : e + 1],
-        scale=w.scale[e : e + 1] if w.scale is not None else None,
-        global_scale=w.global_scale[e : e + 1] if w.global_scale is not None else None,
-    )
-    return dequantize_weight(one, ckpt.scheme.weight, ckpt)[0]
+    return dequantize_weight(getattr(ckpt, name).experts(torch.tensor([e])), ckpt.scheme.weight, ckpt)[0]

@@ -358,8 +358,8 @@ class _MutantBackend(TorchEmulationBackend):
 
     def forward(self, prepared, hidden_states, topk_weights, topk_ids):
         def base(ckpt, x, w, ids):
-            return moe_emulation(x, ckpt, w, ids, structure=self.computed_structure, operand_dtype=torch.float32,
-                                 dequantize_all_experts=True)
+            # the routed experts only: the same values as dequantizing all of them, at a real model's expert count
+            return moe_emulation(x, ckpt, w, ids, structure=self.computed_structure, operand_dtype=torch.float32)
 
         if self.mutant.forward:
             return self.mutant.forward(base, prepared, hidden_states, topk_weights, topk_ids)
