@@ -356,7 +356,7 @@ CI_ACTIVATION_STRIDE = 4
 
 
 # Examples per profile of a Hypothesis property whose every example runs a whole MoE (reference, bound, backend):
-# the nightly profile's max_examples (2000) is sized for quantizer-sized examples, and 2000 MoE examples are many
+# the nightly profile's max_examples (500) is sized for quantizer-sized examples, and 500 MoE examples are many
 # minutes of one core, the length of a nightly leg by themselves; other profiles keep their own (or the caller's)
 NIGHTLY_MOE_EXAMPLES = 100
 
