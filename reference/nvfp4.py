@@ -12,7 +12,9 @@ Variants (NUMERICS.md) differ in the block scale of small blocks:
   TRTLLM   (default) all-zero block stores 0x00; a block scale below E4M3's range rounds to 0 and its
            elements quantize to 0 (TensorRT-LLM multiplies by a zero reciprocal)
   TORCHAO  block scale clamped to >= 2^-6 (E4M3's smallest normal) before the cast: zero block -> 0x08
-  MODELOPT a block with amax 0 stores 1.0 (0x38)
+  MODELOPT ModelOpt 0.47's NVFP4QTensor: block scale fl(amax_block / fl(6 s_dec)), a zero quotient (an all-zero
+           block) stores 1.0 (0x38), then clamped to [2^-9, 448] before the cast (tiny blocks store 2^-9, never 0);
+           checked bit for bit against ModelOpt itself in suites/test_peers_modelopt.py
 """
 
 from __future__ import annotations
@@ -127,20 +129,25 @@ def _scales(x: torch.Tensor, global_encode_scale, global_decode_scale, variant: 
             f"the global scale of shape {tuple(s_enc.shape)} does not broadcast to the block scales "
             f"{tuple(amax_b.shape)}"
         ) from None
-    stored = nvfp4_block_scale_codes(amax_b, s_enc_b, variant)
+    stored = nvfp4_block_scale_codes(amax_b, s_enc_b, variant, s_dec_b)
     return xb, stored, s_dec, s_dec_b
 
 
 def nvfp4_block_scale_codes(
-    amax_block: torch.Tensor, global_encode_scale: torch.Tensor, variant: NVFP4Variant = NVFP4Variant.TRTLLM
+    amax_block: torch.Tensor, global_encode_scale: torch.Tensor, variant: NVFP4Variant = NVFP4Variant.TRTLLM,
+    global_decode_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """E4M3FN(RNE, satfinite)(fl(amax_block / 6) * s_enc) as uint8 codes, with the variant's rule for
-    small and zero blocks. Monotone non-decreasing in amax_block."""
+    small and zero blocks (MODELOPT divides by fl(6 s_dec) instead: s_dec defaults to 1 / s_enc). Monotone
+    non-decreasing in amax_block > 0 (an all-zero block's code is the variant's own rule)."""
+    if variant is NVFP4Variant.MODELOPT:
+        s_dec = 1.0 / global_encode_scale if global_decode_scale is None else global_decode_scale
+        block = amax_block.float() / (_E2M1_MAX * s_dec)
+        block = torch.where(block == 0, 1.0, block).clamp(E4M3FN.min_subnormal, _E4M3_MAX)
+        return encode_finite(block, E4M3FN, Overflow.SATURATE)
     block = (amax_block.float() / _E2M1_MAX) * global_encode_scale
     if variant is NVFP4Variant.TORCHAO:
         block = block.clamp_min(E4M3FN.min_normal)
-    elif variant is NVFP4Variant.MODELOPT:
-        block = torch.where(amax_block == 0, 1.0, block)
     return encode_finite(block, E4M3FN, Overflow.SATURATE)
 
 
