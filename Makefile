@@ -34,7 +34,7 @@ test: $(SETUP) browser third-party
 # benchmarks, which make bench runs; many examples, database written).
 # The nightly workflow splits that list into two steps, each under 10 minutes on an H200: REPORT=report/<step>.
 PROFILE ?= ci
-SUITES  ?= suites/test_conformance.py suites/test_parallel_conformance.py
+SUITES  ?= suites/test_conformance.py suites/test_parallel_conformance.py suites/test_model_shapes.py
 REPORT  ?= report
 conformance: $(SETUP) third-party
 	rm -rf $(REPORT) && mkdir -p $(REPORT)

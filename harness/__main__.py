@@ -253,67 +253,38 @@ def _diagnose(args) -> int:
 
 def _model_shapes(args) -> int:
     """Conformance at the layer shapes real models have (harness.inputs.model_shapes), all experts' weights
-    built: per (model/TP share, tokens, scheme) the verdict and the largest fraction of the bound used."""
-    import time
-
-    import torch
-
-    from harness.backends import Declined, backend_structure, load_backend
-    from harness.core.conformance import Shape, case_inputs, case_problem, compare_backend
-    from harness.inputs.model_shapes import MODEL_LAYERS, model_case_shapes
-    from harness.platforms import detect_platform
-    from reference.activations import ACTIVATIONS
-    from reference.checkpoints import make_checkpoint
-    from reference.moe import fused_moe
+    built: per (model/TP share, tokens, scheme) the verdict and the largest fraction of the bound used. On a GPU
+    the reference runs there in float64 (harness.core.real_shapes)."""
+    from harness.backends import load_backend
+    from harness.core.real_shapes import run_model_share
+    from harness.inputs.model_shapes import MODEL_LAYERS
+    from harness.platforms import default_device, detect_platform
     from reference.schemes import SCHEMES
 
-    host = detect_platform()
-    failed = passed = skipped = 0
-    for name in args.backend:
-        backend = load_backend(name)
-        structure = backend_structure(backend)
-        ckpts: dict = {}
-        for case, layer, fields in model_case_shapes(args.model, args.tp, tuple(args.tokens)):
-            shape = Shape(*fields)
-            act = args.activation or layer.activation
+    host, device = detect_platform(), default_device()
+    backends = {}
+    for spec in args.backend:
+        backend = load_backend(spec)
+        backends[backend.name] = backend
+    tally = dict(passed=0, failed=0, skipped=0)
+    for layer in (MODEL_LAYERS[m] for m in (args.model or MODEL_LAYERS)):
+        for tp in (t for t in layer.tp if args.tp is None or t in args.tp):
             for scheme in args.scheme or list(SCHEMES):
-                what = f"{case}/{scheme}/{act}/{name}"
-                problem, ok, reason = case_problem(backend, SCHEMES[scheme], ACTIVATIONS[act], host, shape)
-                if ok:
-                    ok, reason = getattr(backend, "available", lambda p: (True, ""))(host)
-                if not ok:
-                    skipped += 1
-                    if args.scheme:
-                        print(f"skipped  {what}: {reason}")
-                    continue
-                key = (shape.num_experts, shape.hidden_size, shape.intermediate_size, scheme, act, problem.has_bias)
-                if key not in ckpts:
-                    ckpts.clear()  # one model's weights at a time (gpt-oss-120b MXFP4: ~4 GB while built)
-                    try:
-                        ckpts[key] = make_checkpoint(scheme, act, *key[:3], seed=0, with_bias=problem.has_bias)
-                    except ValueError as exc:  # the scheme's block does not divide this share (vLLM pads it)
-                        skipped += 1
-                        print(f"skipped  {what}: {exc}")
-                        continue
-                ckpt = ckpts[key]
-                start = time.perf_counter()
-                x, w, ids = case_inputs(shape, 0)
-                out, trace = fused_moe(x, ckpt, w, ids, structure=structure, trace=True)
-                try:
-                    r = compare_backend(backend, ckpt, (x, w, ids), out, trace, what)
-                except Declined as exc:
-                    skipped += 1
-                    print(f"skipped  {what}: {exc}")
-                    continue
-                failed += not r.ok
-                passed += r.ok
-                print(f"{'passed' if r.ok else 'FAILED':<8} {what}: {r.max_ratio:.3f} of the bound, worst "
-                      f"{r.worst_ulps:.3g} ulp ({time.perf_counter() - start:.1f}s)"
-                      + ("" if r.ok else "\n    " + r.message().splitlines()[0]), flush=True)
-            torch.cuda.empty_cache() if torch.cuda.is_available() else None
-    print(f"{passed} passed, {failed} failed, {skipped} (case, scheme) pairs not supported or declined; models: "
-          f"{', '.join(args.model or MODEL_LAYERS)}")
-    return 1 if failed else 0
+                for run in run_model_share(backends, layer.name(tp), scheme, host, device, tokens=tuple(args.tokens),
+                                           activation=args.activation, gpu_only=False,
+                                           progress=lambda r: print(r.line(), flush=True)):
+                    if run.result is None:
+                        tally["skipped"] += 1
+                        if args.scheme:
+                            print(run.line())
+                    elif not run.result.ok:
+                        tally["failed"] += 1
+                        print("    " + run.result.message().splitlines()[0])
+                    else:
+                        tally["passed"] += 1
+    print(f"{tally['passed']} passed, {tally['failed']} failed, {tally['skipped']} (case, scheme, backend) not "
+          f"supported or declined; models: {', '.join(args.model or MODEL_LAYERS)}")
+    return 1 if tally["failed"] else 0
 
 
 def _matrix(_args) -> int:

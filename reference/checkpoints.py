@@ -66,6 +66,17 @@ class MoECheckpoint:
     def with_weight(self, name: str, weight: QuantizedWeight) -> "MoECheckpoint":
         return replace(self, **{name: weight})
 
+    def map_tensors(self, fn) -> "MoECheckpoint":
+        """The checkpoint with fn applied to every tensor (weights, scales, biases, input scales)."""
+        f = lambda t: None if t is None else fn(t)  # noqa: E731
+        weights = {n: QuantizedWeight(f(w.data), f(w.scale), f(w.global_scale))
+                   for n, w in (("w13", self.w13), ("w2", self.w2))}
+        others = {n: f(getattr(self, n)) for n in ("b13", "b2", "w13_input_scale", "w2_input_scale")}
+        return replace(self, **weights, **others)
+
+    def to(self, device) -> "MoECheckpoint":
+        return self.map_tensors(lambda t: t.to(device))
+
 
 def _weight_layout(wq: WeightQuant | None, e: int, n: int, k: int, fp8_format: FloatFormat):
     """(data shape, data dtype, scale shape or None, scale dtype, global scale shape or None, what) of one

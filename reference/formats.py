@@ -92,7 +92,7 @@ class FloatFormat:
     # ---- value table, derived from the fields (float64, NaN where a code is NaN) -----------
     @functools.cached_property
     def values(self) -> torch.Tensor:
-        codes = torch.arange(self.ncodes, dtype=torch.int64)
+        codes = torch.arange(self.ncodes, dtype=torch.int64, device="cpu")  # a cached table: never a default device's
         mag = codes & ((1 << (self.ebits + self.mbits)) - 1)
         e_field = mag >> self.mbits
         mant = mag & ((1 << self.mbits) - 1)
@@ -110,7 +110,7 @@ class FloatFormat:
         nan = torch.zeros_like(codes, dtype=torch.bool)
         if self.specials is Specials.IEEE:
             top = e_field == e_all_ones
-            v = torch.where(top & (mant == 0), torch.copysign(torch.tensor(torch.inf, dtype=torch.float64), v), v)
+            v = torch.where(top & (mant == 0), torch.copysign(torch.tensor(torch.inf, dtype=torch.float64, device="cpu"), v), v)
             nan = top & (mant != 0)
         elif self.specials is Specials.FN:
             nan = (e_field == e_all_ones) & (mant == (1 << self.mbits) - 1)
@@ -118,7 +118,7 @@ class FloatFormat:
             nan = codes == self.sign_bit
         elif self.specials is Specials.UNSIGNED_NAN_ALL_ONES:
             nan = codes == self.ncodes - 1
-        v = torch.where(nan, torch.tensor(torch.nan, dtype=torch.float64), v)
+        v = torch.where(nan, torch.tensor(torch.nan, dtype=torch.float64, device="cpu"), v)
         v.requires_grad_(False)
         return v
 

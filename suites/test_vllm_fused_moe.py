@@ -81,7 +81,8 @@ def test_at_the_gpu_shape_with_the_gpu_declarations_the_bias_bug_still_fails():
     FP8 accumulation error there (harness.platforms); before issue 24 it also declared bf16 operands for every
     scheme, which hid 0.13.0's bias bug on 5 of its 6 biased cases at the GPU shape (results/gpu-issue23/run-7).
     With the declarations a compiled sm90 run makes, at the GPU shape: 0.13.0 fails on a large share of the
-    elements (39-54% over the activations, measured), 0.33.0 passes."""
+    elements (39-54% over the activations on the H200 under the 2^-11 declaration, results/gpu-issue25/run-5; 22% of
+    this SILU case under today's 2^-10, measured here, at up to 4.95x the bound), 0.33.0 passes."""
     from harness.core.tolerances import compare, moe_error_bound
     from harness.backends import backend_operand_dtype
 
@@ -96,7 +97,7 @@ def test_at_the_gpu_shape_with_the_gpu_declarations_the_bias_bug_still_fails():
                                                  backend_structure(backend), True)
         got = backend.forward(backend.prepare(ckpt), *(t.to(backend.device) for t in inputs)).cpu()
         result = compare(out, got, moe_error_bound(trace, ckpt, torch.float32, sm90), f"{version} at the GPU shape")
-        assert (result.n_bad > 0.3 * result.n_total) if fails else result.ok, result.message()
+        assert (result.n_bad > 0.15 * result.n_total) if fails else result.ok, result.message()
 
 
 def test_routing_glue_follows_moe_align_block_size():

@@ -68,7 +68,7 @@ def _row(scheme: str, size: int, act: str = "SILU", shape: Shape | None = None) 
 REAL_SHARES = ("gpt-oss-120b/1", "gpt-oss-120b/2", "kimi-k2/8", "kimi-k2/1")
 
 
-def _real_share_rows(share: str, tokens: int) -> None:
+def _real_share_rows(share: str, tokens: int, device: str = "cpu") -> None:
     """Per activation at a real model's TP share (every expert built: make_checkpoint's distinct_experts), biased
     w_fp8_a_fp8, under every structure defined for its top_k: the smallest fraction of elements on which the FP8
     bias bug (the catalog mutant) fails, and whether the catalog's correct control passes with the largest
@@ -80,21 +80,23 @@ def _real_share_rows(share: str, tokens: int) -> None:
     model, tp = share.split("/")
     layer = MODEL_LAYERS[model]
     shape = Shape(*layer.shape(int(tp), tokens))
-    x, w, ids = case_inputs(shape, 0)
+    x, w, ids = (t.to(device) for t in case_inputs(shape, 0))
     for act in ACTIVATIONS:
         start = time.perf_counter()
         ckpt = make_checkpoint("w_fp8_a_fp8", act, shape.num_experts, shape.hidden_size, shape.intermediate_size,
-                               seed=0, with_bias=True, distinct_experts=8)
+                               seed=0, with_bias=True, distinct_experts=8).to(device)
         caught, control, alarm = [], [], 0.0
         for name, st in STRUCTURES.items():
             if st.max_top_k is not None and shape.top_k > st.max_top_k:
                 continue
-            out, trace = fused_moe(x, ckpt, w, ids, structure=st, trace=True)
-            bound = tolerances.moe_error_bound(trace, ckpt)
+            with torch.device(device):  # the reference, the bound and both emulations on `device` (float64 on a GPU)
+                out, trace = fused_moe(x, ckpt, w, ids, structure=st, trace=True)
+                bound = tolerances.moe_error_bound(trace, ckpt).to("cpu")
+                bug, ok = make_mutant("fp8_bias_before_dequantization", st), make_mutant("control", st)
+                got_bug, got_ok = (m.forward(m.prepare(ckpt), x, w, ids).cpu() for m in (bug, ok))
             alarm = max(alarm, bound.false_alarm)
-            bug, ok = make_mutant("fp8_bias_before_dequantization", st), make_mutant("control", st)
-            b = tolerances.compare(out, bug.forward(bug.prepare(ckpt), x, w, ids), bound, name)
-            c = tolerances.compare(out, ok.forward(ok.prepare(ckpt), x, w, ids), bound, name)
+            b = tolerances.compare(out.cpu(), got_bug, bound, name)
+            c = tolerances.compare(out.cpu(), got_ok, bound, name)
             caught.append((b.n_bad / max(1, b.n_total), name))
             control.append((c.max_ratio, c.ok, name))
         least, least_st = min(caught)
@@ -115,13 +117,15 @@ def main() -> int:
                    help="instead: every expert of gpt-oss-120b TP1/TP2 and Kimi-K2 TP8/TP1, every activation and structure")
     p.add_argument("--share", action="append", choices=REAL_SHARES, help="with --real-shares: only these")
     p.add_argument("--tokens", type=int, default=8, help="with --real-shares (default 8)")
+    p.add_argument("--device", default="cpu", help="with --real-shares: where the reference and emulations run "
+                                                   "(cuda: float64 on the GPU)")
     args = p.parse_args()
     if args.real_shares:
         print("| share | activation | bias bug: elements caught, least over structures | correct control: verdict, "
               "largest fraction of the bound | false alarm per case | time |")
         print("|---|---|---|---|---|---|")
         for share in args.share or REAL_SHARES:
-            _real_share_rows(share, args.tokens)
+            _real_share_rows(share, args.tokens, args.device)
         return 0
     schemes = args.scheme or ["bf16", "w_mxfp4", "w_fp8_a_fp8", "w_fp8_a_fp8_block"]
     print("| scheme | H = I | bound/|out| median | p90 | bound without re-quantization flips, median | correct "

@@ -169,15 +169,19 @@ def compare_backend(backend, ckpt: MoECheckpoint, inputs, out: torch.Tensor, tra
                                          ("topk_ids", originals[2], ids), *checkpoint_pairs(ckpt, given)])
     check_output(what, got, tuple(inputs[0].shape))
     declarations = backend_bound_declarations(backend, ckpt.scheme.name)
-    bound = moe_error_bound(trace, ckpt, **declarations)
-    result = compare(out, got.cpu(), bound, f"{what}: output", structure=structure)
-    host_inputs = [t.cpu() for t in inputs]  # the reference runs on the host (inputs may be on the device: poisoned)
-    if not result.ok and result.worst_index is not None:  # say who is closer to the exact value
-        exact = fused_moe(*host_inputs[:1], ckpt, *host_inputs[1:], structure=structure, exact=True)
-        result = compare(out, got.cpu(), bound, f"{what}: output", structure=structure, exact=exact)
-    if diagnose and not result.ok and result.n_nonfinite == 0:  # and which structure it does follow, if any
-        fits = conforming_structures(got.cpu(), ckpt, host_inputs, structure, declarations)
-        result = dataclasses.replace(result, structure_fits=tuple(fits))
+    # the reference side runs where the reference ran: the host, or (real model shapes, harness.core.real_shapes)
+    # the GPU in float64; the comparison itself on the host
+    ref_device = out.device
+    ref_inputs = [t.to(ref_device) for t in inputs]  # inputs may be on the backend's device (poisoned)
+    with torch.device(ref_device):
+        bound = moe_error_bound(trace, ckpt, **declarations).to("cpu")
+        result = compare(out.cpu(), got.cpu(), bound, f"{what}: output", structure=structure)
+        if not result.ok and result.worst_index is not None:  # say who is closer to the exact value
+            exact = fused_moe(*ref_inputs[:1], ckpt, *ref_inputs[1:], structure=structure, exact=True).cpu()
+            result = compare(out.cpu(), got.cpu(), bound, f"{what}: output", structure=structure, exact=exact)
+        if diagnose and not result.ok and result.n_nonfinite == 0:  # and which structure it does follow, if any
+            fits = conforming_structures(got.to(ref_device), ckpt, ref_inputs, structure, declarations)
+            result = dataclasses.replace(result, structure_fits=tuple(fits))
     return result
 
 

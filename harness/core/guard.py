@@ -8,7 +8,6 @@ Backends under test are buggy by definition; one of them must never change anoth
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import signal
 import threading
@@ -54,12 +53,7 @@ def _tensor_fields(ckpt: MoECheckpoint):
 
 def private_checkpoint(ckpt: MoECheckpoint) -> MoECheckpoint:
     """The checkpoint with every tensor copied."""
-    copy = lambda t: None if t is None else t.clone()  # noqa: E731
-    weights = {n: dataclasses.replace(getattr(ckpt, n), **{p: copy(getattr(getattr(ckpt, n), p))
-                                                            for p in ("data", "scale", "global_scale")})
-               for n in ("w13", "w2")}
-    others = {n: copy(getattr(ckpt, n)) for n in ("b13", "b2", "w13_input_scale", "w2_input_scale")}
-    return dataclasses.replace(ckpt, **weights, **others)
+    return ckpt.map_tensors(torch.clone)
 
 
 def _same(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:

@@ -49,8 +49,8 @@ def conforming_structures(got: torch.Tensor, ckpt: MoECheckpoint, inputs, declar
         if st.max_top_k is not None and ids.shape[1] > st.max_top_k:
             continue
         out, trace = fused_moe(x, ckpt, w, ids, structure=st, trace=True)
-        bound = moe_error_bound(trace, ckpt, **declarations)
-        if compare(out, got, bound, label).ok:
+        bound = moe_error_bound(trace, ckpt, **declarations).to("cpu")  # the reference may run on a GPU
+        if compare(out.cpu(), got.cpu(), bound, label).ok:
             fits.append(label)
     return fits
 
@@ -66,5 +66,6 @@ def structure_verdicts(got: torch.Tensor, ckpt: MoECheckpoint, inputs, declared:
         if st.max_top_k is not None and ids.shape[1] > st.max_top_k:
             continue
         out, trace = fused_moe(x, ckpt, w, ids, structure=st, trace=True)
-        verdicts[label] = compare(out, got, moe_error_bound(trace, ckpt, **declarations), label).ok
+        bound = moe_error_bound(trace, ckpt, **declarations).to("cpu")
+        verdicts[label] = compare(out.cpu(), got.cpu(), bound, label).ok
     return verdicts

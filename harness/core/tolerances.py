@@ -35,6 +35,7 @@ structure assumed and, given the float64 value with no rounding points, which si
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -102,6 +103,9 @@ class ErrorBound:
     # an upper bound on the probability that a correct kernel exceeds the bound somewhere (the probabilistic GEMM
     # terms: GEMM_FAILURE_PROBABILITY per GEMM output and per Hoeffding sum); 0 for a worst-case bound
     false_alarm: float = 0.0
+
+    def to(self, device) -> "ErrorBound":
+        return dataclasses.replace(self, bound=self.bound.to(device))
 
 
 @dataclass

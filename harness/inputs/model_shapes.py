@@ -20,6 +20,9 @@ class ModelLayer:
     activation: str
     biased: bool = False
     tp: tuple[int, ...] = (1,)  # tensor-parallel degrees served; a rank holds intermediate_size / tp
+    # the schemes of the model's released quantized checkpoints (the model's own or its publisher's / NVIDIA's /
+    # AMD's): what its real-shape cases run under the ci profile, besides bf16
+    checkpoint_schemes: tuple[str, ...] = ()
 
     def shape(self, tp: int, tokens: int) -> tuple[int, int, int, int, int]:
         """(num_experts, hidden_size, intermediate_size, tokens, top_k): harness.core.conformance.Shape's fields."""
@@ -34,15 +37,25 @@ class ModelLayer:
 MODEL_LAYERS = {
     m.model: m
     for m in (
-        ModelLayer("gpt-oss-120b", 128, 4, 2880, 2880, "SWIGLUOAI", biased=True, tp=(1, 2, 4, 8)),
-        ModelLayer("gpt-oss-20b", 32, 4, 2880, 2880, "SWIGLUOAI", biased=True, tp=(1, 2, 4, 8)),
-        ModelLayer("kimi-k2", 384, 8, 7168, 2048, "SILU", tp=(1, 8)),
-        ModelLayer("deepseek-v3", 256, 8, 7168, 2048, "SILU", tp=(1, 8)),
-        ModelLayer("qwen3-235b-a22b", 128, 8, 4096, 1536, "SILU", tp=(1, 4)),
-        ModelLayer("qwen3-30b-a3b", 128, 8, 2048, 768, "SILU", tp=(1, 2)),
-        ModelLayer("mixtral-8x7b", 8, 2, 4096, 14336, "SILU", tp=(1, 8)),
-        ModelLayer("qwen3-next-80b-a3b", 512, 10, 2048, 512, "SILU", tp=(1, 2)),
-        ModelLayer("llama-4-scout", 16, 1, 5120, 8192, "SILU", tp=(1, 8)),
+        # MXFP4 experts as released (W4A16 on Hopper)
+        ModelLayer("gpt-oss-120b", 128, 4, 2880, 2880, "SWIGLUOAI", True, (1, 2, 4, 8), ("w_mxfp4",)),
+        ModelLayer("gpt-oss-20b", 32, 4, 2880, 2880, "SWIGLUOAI", True, (1, 2, 4, 8), ("w_mxfp4",)),
+        # FP8 128x128 blocks as released; MXFP4 W4A4 (AMD Quark's MX exports: seed #50516's Kimi checkpoint)
+        ModelLayer("kimi-k2", 384, 8, 7168, 2048, "SILU", tp=(1, 8),
+                   checkpoint_schemes=("w_fp8_a_fp8_block", "w_mxfp4_a_mxfp4")),
+        # FP8 blocks as released; NVFP4 W4A4 (ModelOpt exports of DeepSeek-R1/V3)
+        ModelLayer("deepseek-v3", 256, 8, 7168, 2048, "SILU", tp=(1, 8),
+                   checkpoint_schemes=("w_fp8_a_fp8_block", "w_nvfp4_a_nvfp4")),
+        ModelLayer("qwen3-235b-a22b", 128, 8, 4096, 1536, "SILU", tp=(1, 4),
+                   checkpoint_schemes=("w_fp8_a_fp8_block", "w_nvfp4_a_nvfp4")),
+        ModelLayer("qwen3-30b-a3b", 128, 8, 2048, 768, "SILU", tp=(1, 2), checkpoint_schemes=("w_fp8_a_fp8_block",)),
+        # FP8 per-tensor, static activation scales (the FP8 checkpoints vLLM's per-tensor path was built for)
+        ModelLayer("mixtral-8x7b", 8, 2, 4096, 14336, "SILU", tp=(1, 8), checkpoint_schemes=("w_fp8_a_fp8",)),
+        ModelLayer("qwen3-next-80b-a3b", 512, 10, 2048, 512, "SILU", tp=(1, 2),
+                   checkpoint_schemes=("w_fp8_a_fp8_block",)),
+        # NVFP4 (ModelOpt); NVFP4 weights with bf16 activations is the W4A16 form of the same checkpoint
+        ModelLayer("llama-4-scout", 16, 1, 5120, 8192, "SILU", tp=(1, 8),
+                   checkpoint_schemes=("w_nvfp4_a_nvfp4", "w_nvfp4")),
     )
 }
 

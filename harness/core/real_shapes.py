@@ -1,0 +1,194 @@
+"""Conformance at the layer shapes real models have (harness.inputs.model_shapes: each model and TP share), every
+expert's weights allocated, on a GPU host. The reference runs on the GPU in float64 (a `torch.device` context:
+reference/ follows its inputs' device), once per (token count, numerical structure, top-k cap, biases), and every
+backend that runs on the GPU is judged against it; the checkpoint is built once per (share, scheme, biases).
+
+A case whose float64 reference (the routed experts' dequantized weights) and checkpoint copies would not fit the
+memory one case may take (`case_memory_budget`) is skipped with the figures: e.g. Kimi-K2 at TP 1 with 64
+tokens routes ~300 experts of 44M weights each (100 GB in float64); its TP 8 share runs."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+
+import torch
+
+from reference.activations import ACTIVATIONS
+from reference.checkpoints import make_checkpoint
+from reference.moe import fused_moe
+from reference.schemes import SCHEMES
+
+from harness.backends import Declined, backend_available, backend_structure, known_failure_for
+from harness.core.conformance import Shape, backend_shape, case_inputs, case_problem, compare_backend
+from harness.core.tolerances import Comparison
+from harness.inputs.model_shapes import MODEL_LAYERS, ModelLayer
+from harness.platforms import Platform
+
+__all__ = ["MODEL_SHAPE_TOKENS", "ModelShareRun", "model_share_cases", "run_model_share", "case_memory_budget",
+           "reference_bytes", "gpu_case_slot"]
+
+MODEL_SHAPE_TOKENS = (1, 8, 64)
+DISTINCT_EXPERTS = 8  # experts quantized from random weights; the rest derived (make_checkpoint's distinct_experts)
+_GIB = 2**30
+
+
+def model_share_cases(profile: str) -> list[tuple[str, str]]:
+    """(share name "model/tpN", scheme) pairs: under the ci profile each share with bf16 and the schemes of its
+    model's released checkpoints (ModelLayer.checkpoint_schemes); under any other, every scheme."""
+    cases = []
+    for layer in MODEL_LAYERS.values():
+        schemes = ("bf16", *layer.checkpoint_schemes) if profile == "ci" else tuple(SCHEMES)
+        cases += [(layer.name(tp), s) for tp in layer.tp for s in schemes]
+    return cases
+
+
+def share_by_name(share: str) -> tuple[ModelLayer, int]:
+    model, _, tp = share.partition("/tp")
+    return MODEL_LAYERS[model], int(tp or 1)
+
+
+def reference_bytes(layer: ModelLayer, tp: int, scheme: str, tokens: int) -> int:
+    """What one case holds on the device: the float64 dequantized weights of the routed experts (the reference
+    and its trace; the bound reads them) plus three copies of the checkpoint (the case's, the backend's private
+    copy, the backend's prepared form)."""
+    e, k, h, i = layer.num_experts, layer.top_k, layer.hidden_size, layer.intermediate_size // tp
+    n13 = 2 * i  # every model here is gated
+    weights = n13 * h + h * i
+    routed = min(e, tokens * k)
+    wq = SCHEMES[scheme].weight
+    # checkpoint bytes per weight: bf16, FP4 codes packed two per byte, FP6/FP8 codes one per byte; block scales
+    per = 2.0 if wq is None else (0.5 if wq.elem.ebits + wq.elem.mbits == 3 else 1.0) + 1 / 16
+    return int(routed * weights * 8 * 1.5 + 3 * e * weights * per)
+
+
+def case_memory_budget() -> int:
+    """Bytes one real-shape case may hold on the GPU: MOE_CONFORMANCE_CASE_GB (default 48)."""
+    return int(float(os.environ.get("MOE_CONFORMANCE_CASE_GB", "48")) * _GIB)
+
+
+@contextlib.contextmanager
+def gpu_case_slot(device):
+    """One of the GPU's case slots (floor(80% of its memory / case_memory_budget()), at least one), held across
+    pytest-xdist workers by file locks, so that concurrent real-shape cases never exceed the GPU's memory."""
+    total = torch.cuda.get_device_properties(device).total_memory if torch.cuda.is_available() else 0
+    slots = max(1, int(0.8 * total // case_memory_budget()))
+    folder = os.path.join(tempfile.gettempdir(), f"moe-conformance-gpu-slots-{os.getuid()}")
+    os.makedirs(folder, exist_ok=True)
+    while True:
+        for n in range(slots):
+            f = open(os.path.join(folder, f"slot-{n}"), "w")
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                f.close()
+                continue
+            try:
+                yield n
+            finally:
+                torch.cuda.empty_cache()
+                fcntl.flock(f, fcntl.LOCK_UN)
+                f.close()
+            return
+        time.sleep(0.2)
+
+
+@dataclass
+class ModelShareRun:
+    """One (share, tokens, scheme, backend) of a real-shape run: its comparison, or why it did not run."""
+
+    case: str  # "gpt-oss-120b/tp2/T8"
+    scheme: str
+    backend: str
+    result: Comparison | None = None
+    skipped: str = ""
+    known_failure: object = None  # the backend's KnownFailure record covering this case, if any
+    seconds: float = 0.0
+
+    @property
+    def what(self) -> str:
+        return f"{self.case}/{self.scheme}/{self.backend}"
+
+    def line(self) -> str:
+        if self.result is None:
+            return f"skipped  {self.what}: {self.skipped}"
+        r = self.result
+        verdict = "passed" if r.ok else ("xfailed" if self.known_failure else "FAILED")
+        return (f"{verdict:<8} {self.what}: {r.max_ratio:.3f} of the bound, worst {r.worst_ulps:.3g} ulp "
+                f"({self.seconds:.1f}s)")
+
+
+def run_model_share(backends: dict, share: str, scheme: str, host: Platform, device, tokens=MODEL_SHAPE_TOKENS,
+                    seed: int = 0, activation: str | None = None, gpu_only: bool = True,
+                    progress=None) -> list[ModelShareRun]:
+    """Every backend of `backends` at this share and scheme, at each token count, against one reference per
+    (tokens, structure, top-k cap, biases), with the model's activation unless `activation` is given. gpu_only:
+    backends that run on the host CPU are left to the CPU's cases (skipped with that reason)."""
+    layer, tp = share_by_name(share)
+    act = ACTIVATIONS[activation or layer.activation]
+    runs: list[ModelShareRun] = []
+    ckpts: dict[bool, object] = {}
+
+    def checkpoint(has_bias: bool):
+        if has_bias not in ckpts:
+            ckpts.clear()  # one checkpoint at a time (gpt-oss-120b bf16 at TP 1: 6.4 GB)
+            ckpts[has_bias] = make_checkpoint(scheme, act, layer.num_experts, layer.hidden_size,
+                                              layer.intermediate_size // tp, seed=seed, with_bias=has_bias,
+                                              distinct_experts=DISTINCT_EXPERTS).to(device)
+        return ckpts[has_bias]
+
+    for n in tokens:
+        case = f"{share}/T{n}"
+        shape = Shape(*layer.shape(tp, n))
+        need = reference_bytes(layer, tp, scheme, n)
+        todo = []
+        for name, backend in backends.items():
+            problem, ok, reason = case_problem(backend, SCHEMES[scheme], act, host, shape)
+            if ok:
+                ok, reason = backend_available(backend, host)
+            if ok and gpu_only and str(getattr(backend, "device", "cpu")) == "cpu":
+                ok, reason = False, ("runs on the host CPU: its real-model cases are the CPU's (tools/bound_growth.py "
+                                     "--real-shares); here only the GPU's backends")
+            if ok and need > case_memory_budget():
+                ok, reason = False, (f"the float64 reference of {min(layer.num_experts, n * layer.top_k)} routed "
+                                     f"experts and the checkpoint's copies need ~{need / _GIB:.0f} GB > the "
+                                     f"{case_memory_budget() / _GIB:.3g} GB a case may take "
+                                     "(MOE_CONFORMANCE_CASE_GB)")
+            if not ok:
+                runs.append(ModelShareRun(case, scheme, name, skipped=reason))
+                continue
+            bshape = backend_shape(backend, shape)
+            todo.append(((backend_structure(backend).name, bshape.top_k, problem.has_bias), name, backend, bshape))
+        reference = {}
+        # biases outermost: the checkpoint is rebuilt only when they change
+        for key, name, backend, bshape in sorted(todo, key=lambda t: (t[0][2], t[0][0], t[0][1], t[1])):
+            start = time.perf_counter()
+            try:
+                ckpt = checkpoint(key[2])
+            except ValueError as exc:  # the scheme's block does not divide this share (vLLM pads or refuses it)
+                runs.append(ModelShareRun(case, scheme, name, skipped=str(exc)))
+                continue
+            if key not in reference:
+                reference.clear()  # one reference (and its float64 trace) at a time
+                inputs = case_inputs(bshape, seed)
+                with torch.device(device):
+                    on = [t.to(device) for t in inputs]
+                    out, trace = fused_moe(on[0], ckpt, on[1], on[2], structure=backend_structure(backend), trace=True)
+                reference[key] = inputs, out, trace
+            inputs, out, trace = reference[key]
+            run = ModelShareRun(case, scheme, name, known_failure=known_failure_for(backend, scheme, key[2]))
+            try:
+                run.result = compare_backend(backend, ckpt, inputs, out, trace, run.what, diagnose=False)
+            except Declined as exc:
+                run.skipped = str(exc)
+            run.seconds = time.perf_counter() - start
+            runs.append(run)
+            if progress:
+                progress(run)
+        reference.clear()
+    ckpts.clear()
+    return runs
