@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from harness.core.real_shapes import gpu_case_slot, model_share_cases, run_model_share
+from harness.core.real_shapes import gpu_case_slot, model_share_cases, run_model_share, share_bytes
 from harness.platforms import default_device, detect_platform
 
 
@@ -22,7 +22,7 @@ def test_model_shape(model_share, backends, record_property):
         pytest.skip("real model shapes run on a GPU host (every expert allocated, the float64 reference on the GPU); "
                     "on this CPU the same properties run as shape classes (test_shape_class)")
     device = default_device()
-    with gpu_case_slot(device):
+    with gpu_case_slot(device, share_bytes(share, scheme)):
         runs = run_model_share(backends, share, scheme, host, device,
                                progress=lambda r: print(r.line(), flush=True))
     judged = [r for r in runs if r.result is not None]
@@ -85,3 +85,21 @@ def test_ci_cases_cover_every_model_share_and_each_released_scheme():
     assert {("gpt-oss-120b/tp2", "w_mxfp4"), ("kimi-k2/tp8", "w_fp8_a_fp8_block"), ("mixtral-8x7b", "w_fp8_a_fp8"),
             ("deepseek-v3/tp8", "w_nvfp4_a_nvfp4")} <= set(ci)
     assert len(model_share_cases("nightly")) > len(ci)
+
+
+def test_gpu_case_slots_are_held_across_processes_and_released():
+    """The slots are file locks that other pytest-xdist workers (processes) see; released on exit, also on error."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    slot = os.path.join(tempfile.gettempdir(), f"moe-conformance-gpu-slots-{os.getuid()}", "slot-0")
+    probe = [sys.executable, "-c", "import fcntl, sys; f = open(sys.argv[1], 'w')\n"
+             "try: fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\nexcept BlockingIOError: sys.exit(3)", slot]
+    with gpu_case_slot("cpu", 1) as taken:  # no GPU: one slot
+        assert taken == 1 and subprocess.run(probe).returncode == 3
+    assert subprocess.run(probe).returncode == 0
+    with pytest.raises(RuntimeError), gpu_case_slot("cpu", 1):
+        raise RuntimeError("a failing test")
+    assert subprocess.run(probe).returncode == 0

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import math
 import os
+import random
 import tempfile
 import time
 from dataclasses import dataclass
@@ -30,7 +32,7 @@ from harness.inputs.model_shapes import MODEL_LAYERS, ModelLayer
 from harness.platforms import Platform
 
 __all__ = ["MODEL_SHAPE_TOKENS", "ModelShareRun", "model_share_cases", "run_model_share", "case_memory_budget",
-           "reference_bytes", "gpu_case_slot"]
+           "reference_bytes", "share_bytes", "gpu_case_slot"]
 
 MODEL_SHAPE_TOKENS = (1, 8, 64)
 DISTINCT_EXPERTS = 8  # experts quantized from random weights; the rest derived (make_checkpoint's distinct_experts)
@@ -71,30 +73,49 @@ def case_memory_budget() -> int:
     return int(float(os.environ.get("MOE_CONFORMANCE_CASE_GB", "48")) * _GIB)
 
 
+SLOT_GB = 4  # the GPU's memory is shared out in slots of this size
+
+
+def share_bytes(share: str, scheme: str, tokens=MODEL_SHAPE_TOKENS) -> int:
+    """What a (share, scheme) test holds at most: its largest case that fits the budget."""
+    layer, tp = share_by_name(share)
+    fits = [b for b in (reference_bytes(layer, tp, scheme, n) for n in tokens) if b <= case_memory_budget()]
+    return max(fits, default=0)
+
+
 @contextlib.contextmanager
-def gpu_case_slot(device):
-    """One of the GPU's case slots (floor(80% of its memory / case_memory_budget()), at least one), held across
-    pytest-xdist workers by file locks, so that concurrent real-shape cases never exceed the GPU's memory."""
+def gpu_case_slot(device, need_bytes: int):
+    """The GPU memory a real-shape test needs, as ceil(need / SLOT_GB) of the GPU's slots (80% of its memory in
+    SLOT_GB pieces), held across pytest-xdist workers by file locks: taken all at once or not at all (then tried
+    again after a random pause), so that concurrent tests never exceed the GPU's memory and never deadlock."""
     total = torch.cuda.get_device_properties(device).total_memory if torch.cuda.is_available() else 0
-    slots = max(1, int(0.8 * total // case_memory_budget()))
+    slots = max(1, int(0.8 * total // (SLOT_GB * _GIB)))
+    need = min(slots, max(1, math.ceil(need_bytes / (SLOT_GB * _GIB))))
     folder = os.path.join(tempfile.gettempdir(), f"moe-conformance-gpu-slots-{os.getuid()}")
     os.makedirs(folder, exist_ok=True)
+    pause = random.Random(os.getpid())
     while True:
+        held = []
         for n in range(slots):
             f = open(os.path.join(folder, f"slot-{n}"), "w")
             try:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                held.append(f)
             except BlockingIOError:
                 f.close()
-                continue
-            try:
-                yield n
-            finally:
-                torch.cuda.empty_cache()
+            if len(held) == need:
+                break
+        try:
+            if len(held) == need:
+                yield need
+                return
+        finally:
+            if len(held) == need:
+                torch.cuda.empty_cache() if torch.cuda.is_available() else None
+            for f in held:
                 fcntl.flock(f, fcntl.LOCK_UN)
                 f.close()
-            return
-        time.sleep(0.2)
+        time.sleep(pause.uniform(0.05, 0.5))
 
 
 @dataclass
