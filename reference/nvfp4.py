@@ -15,6 +15,12 @@ Variants (NUMERICS.md) differ in the block scale of small blocks:
   MODELOPT ModelOpt 0.47's NVFP4QTensor: block scale fl(amax_block / fl(6 s_dec)), a zero quotient (an all-zero
            block) stores 1.0 (0x38), then clamped to [2^-9, 448] before the cast (tiny blocks store 2^-9, never 0);
            checked bit for bit against ModelOpt itself in suites/test_peers_modelopt.py
+  COMPRESSED_TENSORS  compressed-tensors 0.20 (llm-compressor's NVFP4 checkpoints, encode direction): the
+           block scale is TRTLLM's, but a code of 0 (an all-zero block, or one whose scale rounds below E4M3's
+           range) is replaced by 0.125 (0x20, its E4M3 "eps"), and elements are divided by fl(fp32(stored) / s_enc)
+           rather than fl(fp32(stored) * s_dec) (s_enc = fl(1 / s_dec) when s_dec is given). A replaced block's
+           elements all quantize to 0 (|x| s_enc / 6 < 2^-10, so |x| / (0.125 / s_enc) < 0.047); checked bit for bit
+           against compressed-tensors itself in suites/test_peers_compressed_tensors.py
 """
 
 from __future__ import annotations
@@ -57,6 +63,7 @@ class NVFP4Variant(enum.Enum):
     TRTLLM = "trtllm"
     TORCHAO = "torchao"
     MODELOPT = "modelopt"
+    COMPRESSED_TENSORS = "compressed_tensors"
 
 
 class NVFP4Quantized(NamedTuple):
@@ -130,7 +137,8 @@ def _scales(x: torch.Tensor, global_encode_scale, global_decode_scale, variant: 
             f"{tuple(amax_b.shape)}"
         ) from None
     stored = nvfp4_block_scale_codes(amax_b, s_enc_b, variant, s_dec_b)
-    return xb, stored, s_dec, s_dec_b
+    # COMPRESSED_TENSORS divides the stored scale by s_enc where the others multiply it by s_dec
+    return xb, stored, s_dec, s_dec_b, (s_enc_b if variant is NVFP4Variant.COMPRESSED_TENSORS else None)
 
 
 def nvfp4_block_scale_codes(
@@ -139,7 +147,8 @@ def nvfp4_block_scale_codes(
 ) -> torch.Tensor:
     """E4M3FN(RNE, satfinite)(fl(amax_block / 6) * s_enc) as uint8 codes, with the variant's rule for
     small and zero blocks (MODELOPT divides by fl(6 s_dec) instead: s_dec defaults to 1 / s_enc). Monotone
-    non-decreasing in amax_block > 0 (an all-zero block's code is the variant's own rule)."""
+    non-decreasing in amax_block > 0 (an all-zero block's code is the variant's own rule), except under
+    COMPRESSED_TENSORS, whose tiny blocks (code 0) store 0x20."""
     if variant is NVFP4Variant.MODELOPT:
         s_dec = 1.0 / global_encode_scale if global_decode_scale is None else global_decode_scale
         block = amax_block.float() / (_E2M1_MAX * s_dec)
@@ -148,11 +157,17 @@ def nvfp4_block_scale_codes(
     block = (amax_block.float() / _E2M1_MAX) * global_encode_scale
     if variant is NVFP4Variant.TORCHAO:
         block = block.clamp_min(E4M3FN.min_normal)
-    return encode_finite(block, E4M3FN, Overflow.SATURATE)
+    codes = encode_finite(block, E4M3FN, Overflow.SATURATE)
+    if variant is NVFP4Variant.COMPRESSED_TENSORS:
+        # a scale that rounded to 0 becomes 0.125 = 2^-3 (E4M3 exponent field 4, mantissa 0): code 0x20
+        codes = torch.where(codes == 0, torch.full_like(codes, 0x20), codes)
+    return codes
 
 
-def _element_input(xb, stored, s_dec_b):
-    denom = decode(stored, E4M3FN) * s_dec_b
+def _element_input(xb, stored, s_dec_b, s_enc_b=None):
+    """fl(x / d) with d = fl(fp32(stored) * s_dec), or d = fl(fp32(stored) / s_enc) where s_enc_b is given (the
+    two differ in the last bit for some scales); 0 where d is 0."""
+    denom = decode(stored, E4M3FN) * s_dec_b if s_enc_b is None else decode(stored, E4M3FN) / s_enc_b
     safe = torch.where(denom == 0, 1.0, denom)
     return torch.where((denom == 0)[..., None], xb * 0.0, xb / safe[..., None])
 
@@ -164,8 +179,8 @@ def quantize_nvfp4(
     global_decode_scale: torch.Tensor | None = None,
     variant: NVFP4Variant = NVFP4Variant.TRTLLM,
 ) -> NVFP4Quantized:
-    xb, stored, s_dec, s_dec_b = _scales(x, global_encode_scale, global_decode_scale, variant)
-    codes = encode_finite(_element_input(xb, stored, s_dec_b), E2M1, Overflow.SATURATE)
+    xb, stored, s_dec, s_dec_b, s_enc_b = _scales(x, global_encode_scale, global_decode_scale, variant)
+    codes = encode_finite(_element_input(xb, stored, s_dec_b, s_enc_b), E2M1, Overflow.SATURATE)
     return NVFP4Quantized(codes.reshape(x.shape), stored, s_dec)
 
 
@@ -208,13 +223,13 @@ def qdq_nvfp4(
 
     block_scales (uint8 E4M3FN codes, [..., K/16]) fixes the block scales instead of deriving them."""
     check_output_dtype(dtype)
-    xb, stored, _, s_dec_b = _scales(x, global_encode_scale, global_decode_scale, variant)
+    xb, stored, _, s_dec_b, s_enc_b = _scales(x, global_encode_scale, global_decode_scale, variant)
     if block_scales is not None:
         check_codes(block_scales, E4M3FN, "block_scales")
         if block_scales.shape != stored.shape:
             raise ValueError(f"block_scales must have shape {tuple(stored.shape)}, got {tuple(block_scales.shape)}")
         stored = block_scales
-    xs = _element_input(xb, stored, s_dec_b)
+    xs = _element_input(xb, stored, s_dec_b, s_enc_b)
     rounded, _ = round_to_format_grid(xs.abs(), E2M1)
     e2m1 = torch.copysign(rounded.clamp_max_(_E2M1_MAX), xs)
     v = e2m1 * decode(stored, E4M3FN)[..., None] * s_dec_b[..., None]

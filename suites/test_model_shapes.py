@@ -34,15 +34,16 @@ def test_model_shape(model_share, backends, record_property):
         pytest.skip(f"{share}/{scheme}: no GPU backend runs it here: "
                     + "; ".join(sorted({f'{r.backend}: {r.skipped}' for r in runs}))[:2000])
     wrong = [r for r in judged if not r.result.ok and not r.known_failure]
-    passing_known = [r for r in judged if r.result.ok and r.known_failure]
     assert not wrong, "\n\n".join(r.result.message() for r in wrong)
-    assert not passing_known, "\n".join(
-        f"{r.what} passes, declared a known failure ({r.known_failure.reason}): the upstream fix has landed "
-        f"({r.known_failure.upstream}) or this shape no longer catches it ({r.result.max_ratio:.2f} of the bound)"
-        for r in passing_known)
+    # A declared known failure is strict in the explicit cases (suites/test_conformance.py); at real shapes it is
+    # reported either way: a bug that fails 40-97% of the elements at the GPU shape can stay inside the bound at a
+    # share where Hopper's FP8 accumulation allowance dwarfs it (vLLM 0.13.0's bias at Mixtral TP 8, one token:
+    # 0.61 of the bound, results/gpu-issue24/run-5)
     known = [r for r in judged if r.known_failure]
     if known:
-        pytest.xfail("; ".join(f"{r.what}: known failure of {r.backend} ({r.known_failure.reason})" for r in known))
+        pytest.xfail("; ".join(f"{r.what}: known failure of {r.backend} ({r.known_failure.reason}), "
+                               f"{'failed' if not r.result.ok else 'not caught here'} at "
+                               f"{r.result.max_ratio:.2f} of the bound" for r in known))
 
 
 # ---- the runner itself, on any host (a real share at one token: seconds on the CPU) --------------------------------
@@ -87,19 +88,22 @@ def test_ci_cases_cover_every_model_share_and_each_released_scheme():
     assert len(model_share_cases("nightly")) > len(ci)
 
 
-def test_gpu_case_slots_are_held_across_processes_and_released():
-    """The slots are file locks that other pytest-xdist workers (processes) see; released on exit, also on error."""
-    import os
+def test_gpu_case_slots_are_held_across_processes_and_released(tmp_path):
+    """The slots are file locks that other pytest-xdist workers (processes) see, taken all at once by size and
+    released on exit, also on error."""
     import subprocess
     import sys
-    import tempfile
 
-    slot = os.path.join(tempfile.gettempdir(), f"moe-conformance-gpu-slots-{os.getuid()}", "slot-0")
-    probe = [sys.executable, "-c", "import fcntl, sys; f = open(sys.argv[1], 'w')\n"
-             "try: fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\nexcept BlockingIOError: sys.exit(3)", slot]
-    with gpu_case_slot("cpu", 1) as taken:  # no GPU: one slot
-        assert taken == 1 and subprocess.run(probe).returncode == 3
-    assert subprocess.run(probe).returncode == 0
-    with pytest.raises(RuntimeError), gpu_case_slot("cpu", 1):
+    def others_can_take(n: int) -> bool:  # another process tries slot n
+        probe = ("import fcntl, sys; f = open(sys.argv[1], 'w')\n"
+                 "try: fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\nexcept BlockingIOError: sys.exit(3)")
+        return subprocess.run([sys.executable, "-c", probe, str(tmp_path / f"slot-{n}")]).returncode == 0
+
+    gb = 2**30
+    with gpu_case_slot("cpu", 9 * gb, folder=str(tmp_path), slots=4) as taken:  # 9 GB: three 4 GB slots
+        assert taken == 3 and not any(others_can_take(n) for n in range(3)) and others_can_take(3)
+    assert all(others_can_take(n) for n in range(4))
+    with pytest.raises(RuntimeError), gpu_case_slot("cpu", 100 * gb, folder=str(tmp_path), slots=4) as taken:
+        assert taken == 4  # more than the GPU has: all of it
         raise RuntimeError("a failing test")
-    assert subprocess.run(probe).returncode == 0
+    assert all(others_can_take(n) for n in range(4))

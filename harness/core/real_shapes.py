@@ -84,14 +84,15 @@ def share_bytes(share: str, scheme: str, tokens=MODEL_SHAPE_TOKENS) -> int:
 
 
 @contextlib.contextmanager
-def gpu_case_slot(device, need_bytes: int):
+def gpu_case_slot(device, need_bytes: int, folder: str | None = None, slots: int | None = None):
     """The GPU memory a real-shape test needs, as ceil(need / SLOT_GB) of the GPU's slots (80% of its memory in
     SLOT_GB pieces), held across pytest-xdist workers by file locks: taken all at once or not at all (then tried
     again after a random pause), so that concurrent tests never exceed the GPU's memory and never deadlock."""
-    total = torch.cuda.get_device_properties(device).total_memory if torch.cuda.is_available() else 0
-    slots = max(1, int(0.8 * total // (SLOT_GB * _GIB)))
+    if slots is None:
+        total = torch.cuda.get_device_properties(device).total_memory if str(device) != "cpu" else 0
+        slots = max(1, int(0.8 * total // (SLOT_GB * _GIB)))
     need = min(slots, max(1, math.ceil(need_bytes / (SLOT_GB * _GIB))))
-    folder = os.path.join(tempfile.gettempdir(), f"moe-conformance-gpu-slots-{os.getuid()}")
+    folder = folder or os.path.join(tempfile.gettempdir(), f"moe-conformance-gpu-slots-{os.getuid()}")
     os.makedirs(folder, exist_ok=True)
     pause = random.Random(os.getpid())
     while True:
@@ -110,8 +111,8 @@ def gpu_case_slot(device, need_bytes: int):
                 yield need
                 return
         finally:
-            if len(held) == need:
-                torch.cuda.empty_cache() if torch.cuda.is_available() else None
+            if len(held) == need and str(device) != "cpu":
+                torch.cuda.empty_cache()
             for f in held:
                 fcntl.flock(f, fcntl.LOCK_UN)
                 f.close()
