@@ -82,8 +82,8 @@ MUTANTS = {
     ),
     "nvfp4_global_direction": (
         "reference/nvfp4.py",
-        "    denom = decode(stored, E4M3FN) * s_dec_b\n",
-        "    denom = decode(stored, E4M3FN) / s_dec_b\n",
+        "    denom = decode(stored, E4M3FN) * s_dec_b if s_enc_b is None",
+        "    denom = decode(stored, E4M3FN) / s_dec_b if s_enc_b is None",
         "NVFP4 element scale divides by the decode scale (wrong direction)",
         "suites/test_corner_cases.py::test_corner_case_bytes[nvfp4_block_at_tensor_amax]",
     ),
