@@ -15,7 +15,7 @@ from reference.moe import activation_qdq, check_moe_inputs, static_activation_sc
 from reference.structure import (DEFAULT_STRUCTURE, ActivationEval, NumericalStructure, RouterWeight, TopKSum,
                                  structure_by_name)
 
-__all__ = ["moe_emulation"]
+__all__ = ["moe_emulation", "truncating_accumulation"]
 
 
 def moe_emulation(
@@ -29,13 +29,16 @@ def moe_emulation(
     k_permutation_seed: int | None = None,
     dequantize_all_experts: bool = False,
     narrow_accumulator: tuple[int, int] | None = None,
+    accumulate=None,
 ) -> torch.Tensor:
     """structure: where this emulation rounds, applies the router weight and sums the top-k terms.
     k_permutation_seed: accumulate the GEMMs (and an fp32 top-k sum) in a permuted order.
     narrow_accumulator=(chunk, bits): accumulate like a tensor core with a narrow adder: each chunk of
     `chunk` products along K is summed and truncated (toward zero) to `bits` significand bits before it
     joins the fp32 sum. Its error is below 2^(1-bits) sum|a||w|: what a backend declaring
-    accumulation_error = 2^(1-bits) may do."""
+    accumulation_error = 2^(1-bits) may do.
+    accumulate(a, w) -> fp32 [M, N]: a GEMM accumulation of its own in place of fp32's (a test's model of a
+    matrix unit: harness.backends.emulation.truncating_accumulation)."""
     check_moe_inputs(hidden_states, ckpt, topk_weights, topk_ids)
     st = structure_by_name(structure)
     st.check_top_k(topk_ids.shape[1])
@@ -54,6 +57,8 @@ def moe_emulation(
         if gen is not None:  # a different accumulation order: permute the reduction dim
             perm = torch.randperm(a.shape[-1], generator=gen)
             a, w = a[:, perm], w[:, perm]
+        if accumulate is not None:
+            return accumulate(a, w)
         if narrow_accumulator is None:
             return a @ w.T
         chunk, bits = narrow_accumulator
@@ -112,3 +117,14 @@ def moe_emulation(
 def _dequantize_expert(ckpt: MoECheckpoint, name: str, e: int) -> torch.Tensor:
     """One expert's weight, dequantized alone (never all experts up front)."""
     return dequantize_weight(getattr(ckpt, name).experts(torch.tensor([e])), ckpt.scheme.weight, ckpt)[0]
+
+
+def truncating_accumulation(truncation: float, step: int = 16):
+    """The accumulation a backend declaring accumulation_truncation = `truncation` may do at worst: K in steps of
+    `step` (the MMA K step), and after each step the running sum loses `truncation` of itself toward zero."""
+    def accumulate(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        acc = torch.zeros(a.shape[0], w.shape[0], dtype=torch.float64)
+        for k0 in range(0, a.shape[-1], step):
+            acc = (acc + a[:, k0 : k0 + step].double() @ w[:, k0 : k0 + step].double().T) * (1 - truncation)
+        return acc.float()
+    return accumulate
