@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from harness.peers import installed
+
 from reference.packing import pack_fp4, unpack_fp4
 
 __all__ = ["compressed_tensors_available", "ct_quantize_nvfp4", "ct_dequantize_nvfp4", "ct_quantize_fp8",
@@ -26,13 +28,7 @@ CT_FP8_STRATEGIES = {"tensor": "FP8", "channel": "FP8_DYNAMIC", "block": "FP8_BL
 
 def compressed_tensors_available() -> tuple[bool, str]:
     """Is compressed-tensors installed (found, not imported: its import pulls in transformers, ~3 s)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        found = version("compressed-tensors")
-    except PackageNotFoundError:
-        return False, "compressed-tensors is not installed (the `compressed-tensors` extra)"
-    return True, found
+    return installed("compressed-tensors", "compressed-tensors")
 
 
 def _scheme(name: str):

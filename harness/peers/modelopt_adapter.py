@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import torch
 
+from harness.peers import installed
+
 from reference.packing import unpack_fp4
 
 __all__ = ["modelopt_available", "modelopt_quantize_nvfp4", "modelopt_dequantize_nvfp4", "modelopt_quantize_fp8"]
@@ -14,13 +16,7 @@ __all__ = ["modelopt_available", "modelopt_quantize_nvfp4", "modelopt_dequantize
 
 def modelopt_available() -> tuple[bool, str]:
     """Is the pinned nvidia-modelopt installed (found, not imported: its import takes ~5 s)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        found = version("nvidia-modelopt")
-    except PackageNotFoundError:
-        return False, "nvidia-modelopt is not installed (the `modelopt` extra; make test installs it)"
-    return True, found
+    return installed("nvidia-modelopt", "modelopt")
 
 
 def modelopt_quantize_nvfp4(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
