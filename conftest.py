@@ -120,12 +120,12 @@ def pytest_configure(config):
 
 
 def pytest_generate_tests(metafunc):
-    if "model_share" in metafunc.fixturenames:  # suites/test_model_shapes.py: (share, scheme) per the profile
+    if "model_share" in metafunc.fixturenames:  # suites/test_model_shapes.py: (share, scheme)
         from harness.core.real_shapes import model_share_cases
 
         gpus = [getattr(pytest.mark, p.name) for p in PLATFORMS.values() if p.is_gpu]
         metafunc.parametrize("model_share", [pytest.param(c, marks=gpus, id="/".join(c))
-                                             for c in model_share_cases(_profile(metafunc.config))])
+                                             for c in model_share_cases()])
     if "conformance_case" in metafunc.fixturenames or "backend_name" in metafunc.fixturenames:
         from harness.core.conformance import conformance_cases
 

@@ -40,14 +40,12 @@ DISTINCT_EXPERTS = 8  # experts quantized from random weights; the rest derived 
 _GIB = 2**30
 
 
-def model_share_cases(profile: str) -> list[tuple[str, str]]:
-    """(share name "model/tpN", scheme) pairs: under the ci profile each share with bf16 and the schemes of its
-    model's released checkpoints (ModelLayer.checkpoint_schemes); under any other, every scheme."""
-    cases = []
-    for layer in MODEL_LAYERS.values():
-        schemes = ("bf16", *layer.checkpoint_schemes) if profile == "ci" else tuple(SCHEMES)
-        cases += [(layer.name(tp), s) for tp in layer.tp for s in schemes]
-    return cases
+def model_share_cases() -> list[tuple[str, str]]:
+    """(share name "model/tpN", scheme) pairs: each share with bf16 and the schemes of its model's released
+    checkpoints (ModelLayer.checkpoint_schemes). Every profile runs these (52 tests: a GPU host's minutes); any other
+    scheme at a real shape: python -m harness model-shapes --scheme NAME."""
+    return [(layer.name(tp), s) for layer in MODEL_LAYERS.values() for tp in layer.tp
+            for s in ("bf16", *layer.checkpoint_schemes)]
 
 
 def share_by_name(share: str) -> tuple[ModelLayer, int]:
