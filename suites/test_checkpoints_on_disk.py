@@ -1,0 +1,381 @@
+"""Checkpoint formats in (issue 27): harness.inputs.checkpoints_on_disk.load_moe_layer reads one MoE layer of a model
+directory that the producing tool itself wrote (harness.peers.checkpoint_writers: ModelOpt's NVFP4QTensor,
+compressed-tensors' NVFP4 and FP8 compressors, 2 layers of 4 experts), and the reference's dequantization of what it
+loaded is the tool's own dequantization of the same on-disk tensors: bit for bit where the tool rounds once (FP8),
+and the tool's known double rounding where it rounds twice (NVFP4, as in the peer suites). The tool unpacks the
+on-disk nibbles its own way and the reference unpacks them with reference.packing.unpack_fp4; equal dequantizations
+prove that both producers' nibble order is the reference's. Then the refusals: a global scale read in the wrong
+direction, per-channel FP8, unfused per-tensor gate/up scales, and missing, mistyped or misshaped tensors, each
+error naming the key or config field."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness.inputs.checkpoints_on_disk import load_moe_layer
+from harness.peers.checkpoint_writers import (ct_quantization_config, expert_key, write_ct_fp8, write_ct_nvfp4,
+                                             write_modelopt_nvfp4)
+from harness.peers.compressed_tensors_adapter import compressed_tensors_available
+from harness.peers.modelopt_adapter import modelopt_available
+from reference.checkpoints import check_checkpoint, dequantize_weight
+from reference.formats import E2M1, E4M3FN, decode
+from reference.packing import unpack_fp4
+
+_MO = modelopt_available()
+_CT = compressed_tensors_available()
+needs_modelopt = pytest.mark.skipif(not _MO[0], reason=_MO[1])
+needs_ct = pytest.mark.skipif(not _CT[0], reason=_CT[1])
+
+LAYER, EXPERTS = 1, 4
+SHARD = "model-00002-of-00002.safetensors"  # layer 1's shard (the writers put one layer in each)
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    """Each writer's directory once per module: made(name, writer, **kwargs) -> Path."""
+    cache: dict[str, Path] = {}
+
+    def get(name: str, writer, **kwargs) -> Path:
+        if name not in cache:
+            cache[name] = writer(tmp_path_factory.mktemp(name), **kwargs)
+        return cache[name]
+
+    return get
+
+
+def _disk(root: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(root / SHARD))
+
+
+def _rows(ckpt, e: int):
+    """{projection: the reference's fp32 dequantization of that projection's rows of expert e}."""
+    w13 = dequantize_weight(ckpt.w13, ckpt.scheme.weight, ckpt)[e]
+    i = ckpt.intermediate_size
+    return {"gate_proj": w13[:i], "up_proj": w13[i:], "down_proj": dequantize_weight(ckpt.w2, ckpt.scheme.weight,
+                                                                                     ckpt)[e]}
+
+
+def _escaped(key: str) -> str:
+    return key.replace(".", r"\.")
+
+
+def _nvfp4_parts(packed: torch.Tensor, block_scales: torch.Tensor):
+    """(e2m1 values, per-element E4M3 block scale values) of on-disk NVFP4 bytes, through the reference's unpacking."""
+    return decode(unpack_fp4(packed), E2M1), decode(block_scales.view(torch.uint8), E4M3FN).repeat_interleave(16, -1)
+
+
+# ---- each layout, against its tool ------------------------------------------------------------------------------
+
+
+@needs_modelopt
+@pytest.mark.parametrize("input_scales", [True, False], ids=["NVFP4", "W4A16_NVFP4"])
+def test_modelopt_nvfp4_layer_is_what_modelopt_dequantizes(made, input_scales):
+    """ModelOpt's NVFP4QTensor.dequantize of each on-disk projection is fl(fl(stored * weight_scale_2) * e2m1) (two
+    roundings, as suites/test_peers_modelopt.py asserts); the loaded checkpoint's dequantization is the one rounding
+    of the exact product of the same codes and scales, so the two agree within two fp32 roundings. Global scales are
+    each expert's own (decode direction), input scales the larger of gate's and up's."""
+    from modelopt.torch.quantization.qtensor.nvfp4_tensor import NVFP4QTensor
+
+    root = made(f"modelopt_{input_scales}", write_modelopt_nvfp4, input_scales=input_scales)
+    ckpt = load_moe_layer(root, LAYER)
+    check_checkpoint(ckpt)
+    assert ckpt.scheme.name == ("w_nvfp4_a_nvfp4" if input_scales else "w_nvfp4")
+    assert ckpt.nvfp4_global_convention == "decode" and ckpt.num_experts == EXPERTS
+    assert (ckpt.hidden_size, ckpt.intermediate_size) == (64, 32)
+    disk = _disk(root)
+    for e in range(EXPERTS):
+        ours = _rows(ckpt, e)
+        for proj, rows in ours.items():
+            packed, block_scales, s2 = (disk[expert_key(LAYER, e, proj, f)] for f in
+                                        ("weight", "weight_scale", "weight_scale_2"))
+            qt = NVFP4QTensor(rows.shape, torch.float32, packed)
+            theirs = qt.dequantize(torch.float32, scale=block_scales, double_scale=s2, block_sizes={-1: 16})
+            e2m1, stored = _nvfp4_parts(packed, block_scales)
+            assert torch.equal(theirs, (stored * s2) * e2m1)
+            assert torch.equal(rows, (e2m1.double() * stored.double() * s2.double()).float())
+            assert bool(((theirs.double() - rows.double()).abs() <= rows.double().abs() * 2.0**-23).all())
+        assert float(ckpt.w13.global_scale[e]) == float(disk[expert_key(LAYER, e, "gate_proj", "weight_scale_2")])
+        assert float(ckpt.w2.global_scale[e]) == float(disk[expert_key(LAYER, e, "down_proj", "weight_scale_2")])
+        if input_scales:
+            gate, up, down = (float(disk[expert_key(LAYER, e, p, "input_scale")]) for p in
+                              ("gate_proj", "up_proj", "down_proj"))
+            assert float(ckpt.w13_input_scale[e]) == max(gate, up) and float(ckpt.w2_input_scale[e]) == down
+    assert ckpt.w13.global_scale.unique().numel() == EXPERTS  # per expert, not one for the layer
+    assert (ckpt.w13_input_scale is None) == (not input_scales)
+
+
+@needs_ct
+@pytest.mark.parametrize("input_scales", [True, False], ids=["NVFP4", "NVFP4A16"])
+def test_ct_nvfp4_layer_is_what_compressed_tensors_dequantizes(made, input_scales):
+    """compressed-tensors' dequantize of each on-disk projection (unpack_fp4_from_uint8 of weight_packed, to fp32) is
+    fl(e2m1 * fl(stored / weight_global_scale)); its checkpoint decompressor returns the same rounded to bf16. The
+    loaded checkpoint (encode direction) dequantizes the same codes and scales with one rounding: within 2^-22 of
+    the tool's wherever the tool's divisor and result are normal fp32 (suites/test_peers_compressed_tensors.py)."""
+    from compressed_tensors.compressors.nvfp4 import NVFP4PackedCompressor
+    from compressed_tensors.compressors.nvfp4.helpers import unpack_fp4_from_uint8
+    from compressed_tensors.quantization.lifecycle.forward import dequantize
+    from compressed_tensors.quantization.quant_scheme import preset_name_to_scheme
+
+    scheme = preset_name_to_scheme("NVFP4" if input_scales else "NVFP4A16", ["Linear"])
+    root = made(f"ct_nvfp4_{input_scales}", write_ct_nvfp4, input_scales=input_scales)
+    ckpt = load_moe_layer(root, LAYER)
+    check_checkpoint(ckpt)
+    assert ckpt.scheme.name == ("w_nvfp4_a_nvfp4" if input_scales else "w_nvfp4")
+    assert ckpt.nvfp4_global_convention == "encode"
+    disk = _disk(root)
+    for e in range(EXPERTS):
+        for proj, rows in _rows(ckpt, e).items():
+            packed, block_scales, gs = (disk[expert_key(LAYER, e, proj, f)] for f in
+                                        ("weight_packed", "weight_scale", "weight_global_scale"))
+            n, k = rows.shape
+            theirs = dequantize(unpack_fp4_from_uint8(packed, n, k, dtype=torch.float32), block_scales.float(),
+                                args=scheme.weights, dtype=torch.float32, global_scale=gs)
+            e2m1, stored = _nvfp4_parts(packed, block_scales)
+            assert torch.equal(theirs, e2m1 * (stored / gs))
+            s_dec = (1.0 / gs).double()
+            assert torch.equal(rows, (e2m1.double() * stored.double() * s_dec).float())
+            decompressed = NVFP4PackedCompressor.decompress(
+                {"weight_packed": packed, "weight_scale": block_scales, "weight_global_scale": gs}, scheme)["weight"]
+            assert torch.equal(decompressed, theirs.to(torch.bfloat16))
+            normal = ((stored / gs) >= 2.0**-126) & (rows.abs() >= 2.0**-126)
+            assert bool(((theirs.double() - rows.double()).abs() <= rows.double().abs() * 2.0**-22)[normal].all())
+        assert float(ckpt.w13.global_scale[e]) == float(disk[expert_key(LAYER, e, "up_proj", "weight_global_scale")])
+        if input_scales:
+            gate, up, down = (float(disk[expert_key(LAYER, e, p, "input_global_scale")]) for p in
+                              ("gate_proj", "up_proj", "down_proj"))
+            # encode direction: the larger activation amax is the smaller scale
+            assert float(ckpt.w13_input_scale[e]) == min(gate, up) and float(ckpt.w2_input_scale[e]) == down
+    assert ckpt.w13.global_scale.unique().numel() == EXPERTS
+
+
+@needs_ct
+@pytest.mark.parametrize("scale_dtype", [torch.bfloat16, torch.float32], ids=["bf16_model", "fp32_model"])
+@pytest.mark.parametrize("strategy", ["tensor", "block"])
+def test_ct_fp8_layer_is_what_compressed_tensors_dequantizes(made, strategy, scale_dtype):
+    """FP8 dequantization rounds once on both sides: compressed-tensors' dequantize with the on-disk scale widened to
+    fp32 is the loaded checkpoint's dequantization bit for bit (code * scale is exact in fp32: 4 + 8 significant
+    bits); in the scale's own dtype (bf16 for a bf16 model) it is that exact product rounded once to bf16."""
+    from compressed_tensors.quantization.lifecycle.forward import dequantize
+    from compressed_tensors.quantization.quant_scheme import preset_name_to_scheme
+
+    args = preset_name_to_scheme({"tensor": "FP8", "block": "FP8_BLOCK"}[strategy], ["Linear"]).weights
+    root = made(f"ct_fp8_{strategy}_{scale_dtype}", write_ct_fp8, strategy=strategy, scale_dtype=scale_dtype)
+    ckpt = load_moe_layer(root, LAYER)
+    check_checkpoint(ckpt)
+    assert ckpt.scheme.name == {"tensor": "w_fp8_a_fp8", "block": "w_fp8_a_fp8_block"}[strategy]
+    assert (ckpt.hidden_size, ckpt.intermediate_size) == (128, 128)
+    disk = _disk(root)
+    for e in range(EXPERTS):
+        for proj, rows in _rows(ckpt, e).items():
+            codes, scale = disk[expert_key(LAYER, e, proj, "weight")], disk[expert_key(LAYER, e, proj, "weight_scale")]
+            assert scale.dtype == scale_dtype
+            assert torch.equal(dequantize(codes, scale.float(), args=args), rows)
+            assert torch.equal(dequantize(codes, scale, args=args), rows.to(scale_dtype))
+        if strategy == "tensor":
+            gate, up, down = (disk[expert_key(LAYER, e, p, "input_scale")].float() for p in
+                              ("gate_proj", "up_proj", "down_proj"))
+            assert torch.equal(ckpt.w13_input_scale[e:e + 1], torch.maximum(gate, up))
+            assert torch.equal(ckpt.w2_input_scale[e:e + 1], down)
+            assert torch.equal(ckpt.w13.scale[e].reshape(1), disk[expert_key(LAYER, e, "gate_proj",
+                                                                               "weight_scale")].float())
+    assert (ckpt.w13_input_scale is None) == (strategy == "block")
+
+
+# ---- refusals ----------------------------------------------------------------------------------------------------
+
+
+@needs_ct
+def test_ct_fp8_per_channel_is_refused_as_having_no_reference_scheme(made):
+    root = made("ct_fp8_channel", write_ct_fp8, strategy="channel")
+    with pytest.raises(ValueError, match=r"weights\.strategy = 'channel': per-channel FP8 weights .* no reference "
+                                         r"scheme"):
+        load_moe_layer(root, LAYER)
+
+
+@needs_ct
+def test_ct_fp8_per_projection_gate_and_up_scales_are_refused(made):
+    """llm-compressor's per-tensor FP8 keeps one scale per projection; the reference holds one per expert's w13, and
+    making one of two (vLLM requantizes to the larger) would change the weights: refused, naming both keys."""
+    root = made("ct_fp8_unfused", write_ct_fp8, strategy="tensor", fuse_gate_up=False)
+    gate = _escaped(expert_key(LAYER, 0, "gate_proj", "weight_scale"))
+    up = _escaped(expert_key(LAYER, 0, "up_proj", "weight_scale"))
+    with pytest.raises(ValueError, match=rf"{gate} = .* and {up} = .* differ"):
+        load_moe_layer(root, LAYER)
+
+
+def _relabelled(src: Path, dst: Path, renames: dict[str, tuple[str, tuple[int, ...] | None]], config: dict,
+                hf_quant_config: dict | None) -> Path:
+    """src's tensors with every expert field renamed (old -> (new, shape or None to keep it)), under another
+    producer's config: what a converter that renames keys but keeps the stored numbers would write."""
+    from safetensors.torch import load_file, save_file
+
+    dst.mkdir()
+    for f in src.glob("*.safetensors"):
+        out = {}
+        for k, v in load_file(str(f)).items():
+            field = k.rsplit(".", 1)[-1]
+            if ".mlp.experts." in k and field in renames:
+                new, shape = renames[field]
+                k, v = k[: -len(field)] + new, (v if shape is None else v.reshape(shape))
+            out[k] = v
+        save_file(out, str(dst / f.name))
+    (dst / "config.json").write_text(json.dumps(config))
+    if hf_quant_config is not None:
+        (dst / "hf_quant_config.json").write_text(json.dumps(hf_quant_config))
+    return dst
+
+
+@needs_modelopt
+@needs_ct
+def test_ct_global_scales_relabelled_as_modelopt_are_refused_naming_the_direction(made, tmp_path):
+    """compressed-tensors' encode-direction weight_global_scale (2688 / amax, hundreds here) stored as ModelOpt's
+    weight_scale_2 and read as a decode scale implies weights of ~2688^2 / amax: refused as a global scale
+    direction error naming the key, not dequantized to garbage."""
+    from modelopt.torch.export.convert_hf_config import convert_hf_quant_config_format
+
+    src = made("ct_nvfp4_True", write_ct_nvfp4, input_scales=True)
+    hf = {"producer": {"name": "modelopt", "version": _MO[1]},
+          "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": None, "group_size": 16,
+                           "exclude_modules": ["lm_head"]}}
+    config = json.loads((src / "config.json").read_text())
+    config["quantization_config"] = convert_hf_quant_config_format(hf)
+    root = _relabelled(src, tmp_path / "relabelled", {"weight_packed": ("weight", None),
+                                                      "weight_global_scale": ("weight_scale_2", ()),
+                                                      "input_global_scale": ("input_scale", ())}, config, hf)
+    key = _escaped(expert_key(LAYER, 0, "gate_proj", "weight_scale_2"))
+    with pytest.raises(ValueError, match=rf"{key} = .* decode .* global scale direction is wrong"):
+        load_moe_layer(root, LAYER)
+
+
+@needs_modelopt
+@needs_ct
+def test_modelopt_global_scales_relabelled_as_compressed_tensors_are_refused_naming_the_direction(made, tmp_path):
+    """The converse: ModelOpt's decode-direction weight_scale_2 (amax / 2688, ~1e-3 here) as compressed-tensors'
+    weight_global_scale is read as an encode scale, implying weights of ~2688^2 / amax."""
+    from compressed_tensors.quantization.quant_scheme import preset_name_to_scheme
+
+    src = made("modelopt_True", write_modelopt_nvfp4, input_scales=True)
+    config = json.loads((src / "config.json").read_text())
+    config["quantization_config"] = ct_quantization_config(preset_name_to_scheme("NVFP4", ["Linear"]),
+                                                           "nvfp4-pack-quantized")
+    root = _relabelled(src, tmp_path / "relabelled", {"weight": ("weight_packed", None),
+                                                      "weight_scale_2": ("weight_global_scale", (1,)),
+                                                      "input_scale": ("input_global_scale", (1,))}, config, None)
+    key = _escaped(expert_key(LAYER, 0, "gate_proj", "weight_global_scale"))
+    with pytest.raises(ValueError, match=rf"{key} = .* encode .* global scale direction is wrong"):
+        load_moe_layer(root, LAYER)
+
+
+@needs_modelopt
+def test_modelopt_config_json_alone_is_read_and_a_conflicting_label_is_refused(made, tmp_path):
+    """ModelOpt's export repeats hf_quant_config.json in config.json (quant_method "modelopt"): either one says the
+    layout. A directory labelled both ModelOpt (hf_quant_config.json) and compressed-tensors (config.json) is
+    ambiguous and refused."""
+    src = made("modelopt_True", write_modelopt_nvfp4, input_scales=True)
+    alone = shutil.copytree(src, tmp_path / "alone")
+    (alone / "hf_quant_config.json").unlink()
+    a, b = load_moe_layer(src, LAYER), load_moe_layer(alone, LAYER)
+    assert a.scheme == b.scheme and torch.equal(a.w13.data, b.w13.data) and torch.equal(a.w2.global_scale,
+                                                                                          b.w2.global_scale)
+    both = shutil.copytree(src, tmp_path / "both")
+    config = json.loads((both / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "compressed-tensors", "config_groups": {}}
+    (both / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="hf_quant_config.json says ModelOpt, config.json's quantization_config says "
+                                         "quant_method 'compressed-tensors'"):
+        load_moe_layer(both, LAYER)
+
+
+def _mutated(src: Path, dst: Path, fn) -> Path:
+    """A copy of src whose layer-1 shard went through fn(tensors dict) (in place)."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    tensors = load_file(str(dst / SHARD))
+    fn(tensors)
+    save_file(tensors, str(dst / SHARD))
+    return dst
+
+
+@needs_ct
+def test_a_missing_tensor_is_named(made, tmp_path):
+    key = expert_key(LAYER, 2, "up_proj", "weight_scale")
+    root = _mutated(made("ct_nvfp4_True", write_ct_nvfp4, input_scales=True), tmp_path / "m", lambda t: t.pop(key))
+    with pytest.raises(ValueError, match=rf"{_escaped(key)} is missing: the compressed-tensors NVFP4 layout"):
+        load_moe_layer(root, LAYER)
+
+
+@needs_ct
+def test_a_wrong_dtype_is_named_with_the_one_expected(made, tmp_path):
+    key = expert_key(LAYER, 1, "down_proj", "weight_scale")
+
+    def to_uint8(t):  # the same bytes as raw uint8: a writer that forgot the E4M3 dtype
+        t[key] = t[key].view(torch.uint8)
+
+    root = _mutated(made("ct_nvfp4_True", write_ct_nvfp4, input_scales=True), tmp_path / "m", to_uint8)
+    with pytest.raises(ValueError, match=rf"{_escaped(key)} must be float8_e4m3fn \[64, 2\] .* got uint8 \[64, 2\]"):
+        load_moe_layer(root, LAYER)
+
+
+@needs_ct
+def test_a_wrong_shape_is_named_with_the_one_expected(made, tmp_path):
+    key = expert_key(LAYER, 3, "gate_proj", "weight_packed")
+
+    def unpacked(t):  # one code per byte: a writer that did not pack
+        t[key] = unpack_fp4(t[key])
+
+    root = _mutated(made("ct_nvfp4_True", write_ct_nvfp4, input_scales=True), tmp_path / "m", unpacked)
+    with pytest.raises(ValueError, match=rf"{_escaped(key)} must be uint8 \[32, 32\] .* got uint8 \[32, 64\]"):
+        load_moe_layer(root, LAYER)
+
+
+@needs_ct
+def test_gate_and_up_global_scales_that_differ_are_named(made, tmp_path):
+    key = expert_key(LAYER, 0, "up_proj", "weight_global_scale")
+
+    def halve(t):
+        t[key] = t[key] / 2
+
+    root = _mutated(made("ct_nvfp4_True", write_ct_nvfp4, input_scales=True), tmp_path / "m", halve)
+    with pytest.raises(ValueError, match=rf"gate_proj\.weight_global_scale = .* and {_escaped(key)} = .* differ"):
+        load_moe_layer(root, LAYER)
+
+
+@needs_ct
+def test_foreign_field_names_under_a_label_are_named(made, tmp_path):
+    """compressed-tensors' tensors under a ModelOpt label, keys not renamed: the foreign fields are named."""
+    src = made("ct_nvfp4_True", write_ct_nvfp4, input_scales=True)
+    root = shutil.copytree(src, tmp_path / "m")
+    (root / "hf_quant_config.json").write_text(json.dumps({"quantization": {"quant_algo": "NVFP4", "group_size": 16}}))
+    config = json.loads((root / "config.json").read_text())
+    del config["quantization_config"]
+    (root / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"'input_global_scale', 'weight_global_scale', 'weight_packed' are "
+                                         r"not fields of the ModelOpt NVFP4 layout"):
+        load_moe_layer(root, LAYER)
+
+
+@needs_ct
+def test_scheme_layer_and_activation_arguments(made):
+    root = made("ct_nvfp4_True", write_ct_nvfp4, input_scales=True)
+    with pytest.raises(ValueError, match="holds w_nvfp4_a_nvfp4 .*, not w_nvfp4"):
+        load_moe_layer(root, LAYER, scheme="w_nvfp4")
+    with pytest.raises(ValueError, match=r"layer 5 has no MoE experts here \(layers with experts: \[0, 1\]\)"):
+        load_moe_layer(root, 5)
+    with pytest.raises(ValueError, match=r"'gate_proj' is not a projection .*up_proj, down_proj"):
+        load_moe_layer(root, LAYER, activation="relu2_no_mul")
+    # SWIGLUOAI's w13 interleaves gate row j (row 2j) with up row j (row 2j + 1), codes and block scales alike
+    halves, inter = load_moe_layer(root, LAYER), load_moe_layer(root, LAYER, activation="swigluoai")
+    check_checkpoint(inter)
+    i = halves.intermediate_size
+    for field in ("data", "scale"):
+        h, x = getattr(halves.w13, field), getattr(inter.w13, field)
+        assert torch.equal(x[:, 0::2], h[:, :i]) and torch.equal(x[:, 1::2], h[:, i:])
+    assert load_moe_layer(root, 0).num_experts == EXPERTS  # the other shard's layer
