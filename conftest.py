@@ -71,12 +71,35 @@ def pytest_addoption(parser):
                     help="write the benchmark table, results.json, rows.jsonl and roofline plot (suites/bench) into DIR")
     group.addoption("--case-timeout", type=float, default=None, metavar="SECONDS",
                     help="time limit of each backend call (default 300 s on CPU, 900 s on a GPU; 0: none)")
+    group.addoption("--checkpoint", default=None, metavar="DIR",
+                    help="judge the conformance cases on one MoE layer of this safetensors checkpoint (ModelOpt NVFP4, "
+                         "compressed-tensors NVFP4 or FP8): its scheme, activation and sizes; inputs still drawn")
+    group.addoption("--layer", type=int, default=0, metavar="N", help="with --checkpoint: the decoder layer (default 0)")
+    group.addoption("--activation", default=None, metavar="NAME",
+                    help="with --checkpoint: the MoE activation (default: SILU; the checkpoint's config does not say)")
     group.addoption("--repro", default=None, metavar="DIR",
                     help="for each failing conformance case write DIR/<case>/case.pt and repro.py, shrunk to the "
                          "fewest tokens and experts that still fail")
 
 
 PROFILES = ("dev", "ci", "nightly")
+
+
+def _use_checkpoint(config) -> None:
+    """--checkpoint DIR --layer N: the conformance cases run on that layer (harness.core.conformance.use_checkpoint),
+    in the controller and in every xdist worker; a layer that cannot be read is a usage error naming why."""
+    path = config.getoption("--checkpoint")
+    if path is None:
+        return
+    from harness.core.conformance import use_checkpoint
+    from harness.inputs.checkpoints_on_disk import load_moe_layer
+
+    layer, act = config.getoption("--layer"), config.getoption("--activation")
+    try:
+        ckpt = load_moe_layer(path, layer, activation=act)
+    except (OSError, ValueError, TypeError, ImportError, KeyError) as exc:
+        raise pytest.UsageError(f"--checkpoint {path} --layer {layer}: {exc}") from None
+    use_checkpoint(ckpt, f"{path} layer {layer}")
 
 
 @pytest.hookimpl(tryfirst=True)  # before Hypothesis's own plugin loads the profile (an INTERNALERROR otherwise)
@@ -98,6 +121,7 @@ def pytest_configure(config):
     repro = config.getoption("--repro")
     if repro is not None and os.path.exists(repro) and not os.path.isdir(repro):
         raise pytest.UsageError(f"--repro {repro}: is an existing file; --repro wants a directory to write into")
+    _use_checkpoint(config)
     specs = config.getoption("--backend")
     if specs:
         loaded = []

@@ -232,23 +232,26 @@ def _relabelled(src: Path, dst: Path, renames: dict[str, tuple[str, tuple[int, .
     return dst
 
 
+def _relabelled_as_modelopt(src: Path, dst: Path) -> Path:
+    """A compressed-tensors NVFP4 layer under a ModelOpt export's names and configs, its numbers kept."""
+    from modelopt.torch.export.convert_hf_config import convert_hf_quant_config_format
+
+    hf = {"producer": {"name": "modelopt", "version": _MO[1]},
+          "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": None, "group_size": 16,
+                           "exclude_modules": ["lm_head"]}}
+    config = json.loads((src / "config.json").read_text())
+    config["quantization_config"] = convert_hf_quant_config_format(hf)
+    return _relabelled(src, dst, {"weight_packed": ("weight", None), "weight_global_scale": ("weight_scale_2", ()),
+                                  "input_global_scale": ("input_scale", ())}, config, hf)
+
+
 @needs_modelopt
 @needs_ct
 def test_ct_global_scales_relabelled_as_modelopt_are_refused_naming_the_direction(made, tmp_path):
     """compressed-tensors' encode-direction weight_global_scale (2688 / amax, hundreds here) stored as ModelOpt's
     weight_scale_2 and read as a decode scale implies weights of ~2688^2 / amax: refused as a global scale
     direction error naming the key, not dequantized to garbage."""
-    from modelopt.torch.export.convert_hf_config import convert_hf_quant_config_format
-
-    src = made("ct_nvfp4_True", write_ct_nvfp4, input_scales=True)
-    hf = {"producer": {"name": "modelopt", "version": _MO[1]},
-          "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": None, "group_size": 16,
-                           "exclude_modules": ["lm_head"]}}
-    config = json.loads((src / "config.json").read_text())
-    config["quantization_config"] = convert_hf_quant_config_format(hf)
-    root = _relabelled(src, tmp_path / "relabelled", {"weight_packed": ("weight", None),
-                                                      "weight_global_scale": ("weight_scale_2", ()),
-                                                      "input_global_scale": ("input_scale", ())}, config, hf)
+    root = _relabelled_as_modelopt(made("ct_nvfp4_True", write_ct_nvfp4, input_scales=True), tmp_path / "relabelled")
     key = _escaped(expert_key(LAYER, 0, "gate_proj", "weight_scale_2"))
     with pytest.raises(ValueError, match=rf"{key} = .* decode .* global scale direction is wrong"):
         load_moe_layer(root, LAYER)
@@ -379,3 +382,51 @@ def test_scheme_layer_and_activation_arguments(made):
         h, x = getattr(halves.w13, field), getattr(inter.w13, field)
         assert torch.equal(x[:, 0::2], h[:, :i]) and torch.equal(x[:, 1::2], h[:, i:])
     assert load_moe_layer(root, 0).num_experts == EXPERTS  # the other shard's layer
+
+
+# ---- the suites on a checkpoint: pytest --checkpoint DIR --layer N -------------------------------------------------
+
+def _pytest_on(root, *extra):
+    import subprocess
+    import sys
+
+    args = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-m", "cpu",
+            "suites/test_conformance.py::test_conformance", "--hypothesis-profile=ci", "--checkpoint", str(root),
+            "--layer", str(LAYER), *extra]
+    return subprocess.run(args, cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("tool, scheme, expected", [
+    ("compressed-tensors NVFP4", "w_nvfp4_a_nvfp4", {"torch_emulation", "triton_emulation", "triton_bitplace"}),
+    ("ModelOpt NVFP4", "w_nvfp4_a_nvfp4", {"torch_emulation", "triton_emulation", "triton_bitplace"}),
+    ("compressed-tensors FP8", "w_fp8_a_fp8", {"torch_emulation", "triton_emulation", "vllm_fused_moe@0.33.0"}),
+])
+def test_the_conformance_cases_run_on_a_layer_written_by_each_tool(made, tool, scheme, expected):
+    """pytest --checkpoint DIR --layer N on a layer the tool wrote: the cases become the layer's scheme at its sizes
+    (its own tensors: ModelOpt's decode-direction or compressed-tensors' encode-direction NVFP4 global scales, FP8
+    per-tensor scales), and every CPU backend that supports the scheme passes (vLLM's releases where their source was
+    fetched; 0.13.0's declared bias bug does not arise: the layer has no biases)."""
+    writers = {"compressed-tensors NVFP4": ("ct_nvfp4_True", write_ct_nvfp4, dict(input_scales=True), needs_ct),
+               "ModelOpt NVFP4": ("modelopt_True", write_modelopt_nvfp4, dict(input_scales=True), needs_modelopt),
+               "compressed-tensors FP8": ("ct_fp8_tensor", write_ct_fp8, dict(strategy="tensor"), needs_ct)}
+    name, writer, kwargs, needs = writers[tool]
+    if needs.args[0]:  # the producer is not installed
+        pytest.skip(needs.kwargs["reason"])
+    proc = _pytest_on(made(name, writer, **kwargs), "-rA")
+    tail = proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert proc.returncode == 0, tail
+    ran = [line for line in proc.stdout.splitlines() if line.startswith("PASSED")]
+    assert ran and all(f"[{scheme}/SILU/" in line for line in ran), tail
+    backends = {line.split("/")[3] for line in ran}
+    assert expected - {"vllm_fused_moe@0.33.0"} <= backends, tail
+    assert "FAILED" not in proc.stdout, tail
+
+
+@needs_modelopt
+@needs_ct
+def test_a_layer_whose_convention_is_mislabelled_is_refused_naming_it(made, tmp_path):
+    """compressed-tensors' tensors (encode-direction global scales) relabelled as a ModelOpt export: the run stops
+    before any case with a usage error naming the global scale direction."""
+    root = _relabelled_as_modelopt(made("ct_nvfp4_True", write_ct_nvfp4, input_scales=True), tmp_path / "m")
+    proc = _pytest_on(root)
+    assert proc.returncode == 4 and "global scale direction" in proc.stdout + proc.stderr, proc.stdout + proc.stderr

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, Phase, assume, example, given, note, setting
 from hypothesis import strategies as st
 
 from harness.backends import Declined, backend_available, known_failure_for
-from harness.core.conformance import (ROUTINGS, SHAPE_CLASS_SCHEMES, case_problem, conformance_cases, default_shape,
+from harness.core.conformance import (ROUTINGS, SHAPE_CLASS_SCHEMES, case_problem, conformance_cases, conformance_shape, runs_with_bias,
                                       moe_property_examples, quantizer_cases, quantizer_property, run_case,
                                       run_drawn_case,
                                       run_shape_class_case, shape_class_runs)
@@ -23,7 +23,7 @@ from harness.outputs.repro import write_case_repro
 
 
 def _shape():
-    return default_shape(detect_platform())
+    return conformance_shape(detect_platform())  # a given checkpoint's sizes (--checkpoint), else the platform's
 
 
 def test_conformance(conformance_case, backends, record_property, request):
@@ -35,7 +35,7 @@ def test_conformance(conformance_case, backends, record_property, request):
     record_property(CASE_PROPERTY, case_properties(result))  # for the report (harness.outputs.pytest_plugin)
     problem, _, _ = case_problem(backend, conformance_case.scheme, conformance_case.activation,
                                  conformance_case.platform, _shape())
-    known = known_failure_for(backend, conformance_case.scheme.name, problem.has_bias)
+    known = known_failure_for(backend, conformance_case.scheme.name, runs_with_bias(problem))
     if known:  # strict: a pass means the upstream fix has landed and the record must go
         if result.ok:
             pytest.fail(f"{conformance_case.id} passes, declared a known failure ({known.reason}): either the upstream "
@@ -105,7 +105,7 @@ def runnable_cases(backend):
         if reason is not None:
             continue
         problem, _, _ = case_problem(backend, case.scheme, case.activation, case.platform, _shape())
-        if not known_failure_for(backend, case.scheme.name, problem.has_bias):
+        if not known_failure_for(backend, case.scheme.name, runs_with_bias(problem)):
             out.append((case.scheme.name, case.activation.name, case.platform.name))
     return out
 

@@ -33,7 +33,7 @@ from harness.inputs.strategies import mx_tensor
 from harness.platforms import PLATFORMS, detect_platform
 from reference.formats import format_by_name
 
-__all__ = ["moe_property_examples", "NIGHTLY_MOE_EXAMPLES", "Shape", "SHAPES", "ConformanceCase", "skip_reason", "run_case", "reference_run", "conformance_cases",
+__all__ = ["GivenCheckpoint", "use_checkpoint", "given_checkpoint", "conformance_shape", "runs_with_bias", "moe_property_examples", "NIGHTLY_MOE_EXAMPLES", "Shape", "SHAPES", "ConformanceCase", "skip_reason", "run_case", "reference_run", "conformance_cases",
            "QUANTIZER_CASES", "quantizer_cases", "case_checkpoint", "quantizer_property", "reference_quantize", "case_problem",
            "backend_shape", "checked_supports", "default_shape", "compare_backend", "case_inputs", "run_drawn_case",
            "ROUTINGS", "routed_ids", "run_shape_class_case", "shape_class_runs", "SHAPE_CLASS_SCHEMES"]
@@ -94,7 +94,7 @@ def case_problem(backend, scheme: Scheme, activation: Activation, platform: Plat
 
 def skip_reason(backend, case: ConformanceCase, host_platform: Platform, shape: Shape | None = None) -> str | None:
     """The one place that decides whether a conformance case runs here, and if not, why."""
-    shape = shape or default_shape(host_platform)
+    shape = shape or conformance_shape(host_platform)
     _, ok, reason = case_problem(backend, case.scheme, case.activation, case.platform, shape)
     if not ok:
         return f"{backend.name}: {reason}"
@@ -115,8 +115,59 @@ def default_shape(host_platform: Platform) -> Shape:
     return SHAPES["gpu" if host_platform.is_gpu else "cpu"]
 
 
+@dataclass(frozen=True)
+class GivenCheckpoint:
+    """A checkpoint the run is judged on instead of generated ones (pytest --checkpoint DIR --layer N): the
+    conformance cases become its scheme and activation at its sizes; hidden states and routing are still drawn."""
+
+    ckpt: MoECheckpoint
+    source: str  # where it came from, for messages
+
+    def matches(self, scheme: str, act: str, fp8_name: str, shape: Shape) -> bool:
+        c = self.ckpt
+        return (c.scheme.name, c.activation.name, c.fp8_format.name) == (scheme, act, fp8_name) and (
+            c.num_experts, c.hidden_size, c.intermediate_size) == (shape.num_experts, shape.hidden_size,
+                                                                   shape.intermediate_size)
+
+
+_GIVEN: list[GivenCheckpoint] = []  # at most one: set once per process by conftest.py from --checkpoint
+
+
+def use_checkpoint(ckpt: MoECheckpoint | None, source: str = "") -> None:
+    """Judge this process's conformance cases on `ckpt` (None: generated checkpoints again)."""
+    _GIVEN.clear()
+    case_checkpoint.cache_clear()
+    reference_run.cache_clear()
+    if ckpt is not None:
+        _GIVEN.append(GivenCheckpoint(ckpt, source))
+
+
+def given_checkpoint() -> GivenCheckpoint | None:
+    return _GIVEN[0] if _GIVEN else None
+
+
+def runs_with_bias(problem: Problem) -> bool:
+    """Does the case carry biases: where the backend takes them, unless a given checkpoint has none."""
+    given = given_checkpoint()
+    return problem.has_bias and (given is None or given.ckpt.b13 is not None or given.ckpt.b2 is not None)
+
+
+def conformance_shape(host_platform: Platform) -> Shape:
+    """The shape the conformance cases run at: the given checkpoint's sizes (tokens as the platform's, top_k capped
+    by its experts), else the platform's default."""
+    shape = default_shape(host_platform)
+    given = given_checkpoint()
+    if given is None:
+        return shape
+    c = given.ckpt
+    return Shape(c.num_experts, c.hidden_size, c.intermediate_size, shape.tokens, min(shape.top_k, c.num_experts))
+
+
 @functools.lru_cache(maxsize=64)
 def case_checkpoint(scheme: str, act: str, fp8_name: str, shape: Shape, seed: int, bias: bool = True) -> MoECheckpoint:
+    given = given_checkpoint()
+    if given is not None and given.matches(scheme, act, fp8_name, shape):
+        return given.ckpt  # as it is on disk: its biases (or none), its scales, its NVFP4 direction
     return make_checkpoint(scheme, act, shape.num_experts, shape.hidden_size, shape.intermediate_size, seed=seed,
                            with_bias=bias, fp8_format=format_by_name(fp8_name))
 
@@ -299,7 +350,9 @@ def run_case(backend, case: ConformanceCase, shape: Shape, seed: int = 0, diagno
         case.scheme.name, case.activation.name, case.platform.fp8_format.name, shape, seed,
         backend_structure(backend), problem.has_bias,
     )
-    return compare_backend(backend, ckpt, inputs, out, trace, case.id, diagnose=diagnose)
+    given = given_checkpoint()
+    what = case.id if given is None or ckpt is not given.ckpt else f"{case.id} on {given.source}"
+    return compare_backend(backend, ckpt, inputs, out, trace, what, diagnose=diagnose)
 
 
 # ---- quantizer entry points -------------------------------------------------------------------------
@@ -393,11 +446,15 @@ def conformance_cases(backends: dict, platforms=None, host: Platform | None = No
     in the order the suite parametrizes them. host: the machine the skip reasons assume (default: this one;
     the catalog passes cpu so that its checks are the same on every host)."""
     host = host or detect_platform()
+    given = given_checkpoint()
     for bname in sorted(backends):
         for platform in (platforms or PLATFORMS.values()):
             for scheme in SCHEMES.values():
                 for act in ACTIVATIONS.values():
                     case = ConformanceCase(bname, platform, scheme, act)
+                    if given is not None and not given.matches(scheme.name, act.name, platform.fp8_format.name,
+                                                               conformance_shape(host)):
+                        continue  # a run on a given checkpoint judges its scheme, activation and FP8 dtype only
                     try:
                         reason = skip_reason(backends[bname], case, host)
                     except Exception:  # noqa: BLE001 - a broken supports()/available() fails this backend's
