@@ -15,7 +15,7 @@ SETUP  ?= $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,torchao,jax,modelopt,compressed-tensors]'
+	$(PY) -m pip install -q -e '.[test,torchao,jax,modelopt,compressed-tensors,quark]'
 	touch $(STAMP)
 
 # Pinned third-party kernels (vLLM releases; harness/third_party.py): `pip download --no-deps` of each wheel into
