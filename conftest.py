@@ -73,10 +73,12 @@ def pytest_addoption(parser):
                     help="time limit of each backend call (default 300 s on CPU, 900 s on a GPU; 0: none)")
     group.addoption("--checkpoint", default=None, metavar="DIR",
                     help="judge the conformance cases on one MoE layer of this safetensors checkpoint (ModelOpt NVFP4, "
-                         "compressed-tensors NVFP4 or FP8): its scheme, activation and sizes; inputs still drawn")
+                         "compressed-tensors NVFP4 or FP8, AMD Quark OCP MXFP4, gpt-oss MXFP4): its scheme, activation "
+                         "and sizes; inputs still drawn")
     group.addoption("--layer", type=int, default=0, metavar="N", help="with --checkpoint: the decoder layer (default 0)")
     group.addoption("--activation", default=None, metavar="NAME",
-                    help="with --checkpoint: the MoE activation (default: SILU; the checkpoint's config does not say)")
+                    help="with --checkpoint: the MoE activation (default: SWIGLUOAI for gpt-oss's layout, else SILU; "
+                         "the other configs do not say)")
     group.addoption("--repro", default=None, metavar="DIR",
                     help="for each failing conformance case write DIR/<case>/case.pt and repro.py, shrunk to the "
                          "fewest tokens and experts that still fail")

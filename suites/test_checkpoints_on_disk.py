@@ -1,7 +1,9 @@
 """Checkpoint formats in (issue 27): harness.inputs.checkpoints_on_disk.load_moe_layer reads one MoE layer of a model
 directory that the producing tool itself wrote (harness.peers.checkpoint_writers: ModelOpt's NVFP4QTensor,
-compressed-tensors' NVFP4 and FP8 compressors, 2 layers of 4 experts), and the reference's dequantization of what it
-loaded is the tool's own dequantization of the same on-disk tensors: bit for bit where the tool rounds once (FP8),
+compressed-tensors' NVFP4 and FP8 compressors, AMD Quark's MX cast and export packing, 2 layers of 4 experts; gpt-oss's
+fused MXFP4 layout from the reference's quantize_mx, since transformers' MXFP4 quantizer has no CPU path), and the
+reference's dequantization of what it loaded is the tool's own dequantization of the same on-disk tensors: bit for
+bit where the tool rounds once (FP8, MXFP4: Quark's importer and upcast, transformers' convert_moe_packed_tensors),
 and the tool's known double rounding where it rounds twice (NVFP4, as in the peer suites). The tool unpacks the
 on-disk nibbles its own way and the reference unpacks them with reference.packing.unpack_fp4; equal dequantizations
 prove that both producers' nibble order is the reference's. Then the refusals: a global scale read in the wrong
@@ -10,6 +12,7 @@ error naming the key or config field."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -18,10 +21,12 @@ import pytest
 import torch
 
 from harness.inputs.checkpoints_on_disk import load_moe_layer
-from harness.peers.checkpoint_writers import (ct_quantization_config, expert_key, write_ct_fp8, write_ct_nvfp4,
-                                             write_modelopt_nvfp4)
+from harness.peers.checkpoint_writers import (GPT_OSS_NOT_CONVERTED, ct_quantization_config, expert_key, write_ct_fp8,
+                                             write_ct_nvfp4, write_gpt_oss_mxfp4, write_modelopt_nvfp4,
+                                             write_quark_mxfp4)
 from harness.peers.compressed_tensors_adapter import compressed_tensors_available
 from harness.peers.modelopt_adapter import modelopt_available
+from harness.peers.quark_adapter import quark_available
 from reference.checkpoints import check_checkpoint, dequantize_weight
 from reference.formats import E2M1, E4M3FN, decode
 from reference.packing import unpack_fp4
@@ -30,6 +35,11 @@ _MO = modelopt_available()
 _CT = compressed_tensors_available()
 needs_modelopt = pytest.mark.skipif(not _MO[0], reason=_MO[1])
 needs_ct = pytest.mark.skipif(not _CT[0], reason=_CT[1])
+_QUARK = quark_available()
+needs_quark = pytest.mark.skipif(not _QUARK[0], reason=_QUARK[1])
+needs_transformers = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                                        reason="transformers is not installed")
+by_the_reference = pytest.mark.skipif(False, reason="written by the reference's own MX quantizer")
 
 LAYER, EXPERTS = 1, 4
 SHARD = "model-00002-of-00002.safetensors"  # layer 1's shard (the writers put one layer in each)
@@ -186,6 +196,190 @@ def test_ct_fp8_layer_is_what_compressed_tensors_dequantizes(made, strategy, sca
             assert torch.equal(ckpt.w13.scale[e].reshape(1), disk[expert_key(LAYER, e, "gate_proj",
                                                                                "weight_scale")].float())
     assert (ckpt.w13_input_scale is None) == (strategy == "block")
+
+
+@needs_quark
+@pytest.mark.parametrize("input_mx", [True, False], ids=["w_mxfp4_a_mxfp4", "w_mxfp4"])
+def test_quark_mxfp4_layer_is_what_quark_dequantizes(made, input_mx):
+    """AMD Quark's OCP MXFP4 export (quant_method "quark"): the reference's dequantization of the loaded layer is, bit
+    for bit (a power-of-two scale times an E2M1 value is exact), both of Quark's own readings of the on-disk bytes:
+    its importer's (Pack_fp4.unpack, then the E8M0 scale 2^(code - 127) as RealQuantizer.unpack_params decodes it,
+    per block of 32) and its MX kernel's torch twin (upcast_from_mxfp_torch). The exporter's packing (Pack_fp4.pack)
+    and the cast's own (downcast_to_mxfp_torch) are the same bytes: element 2j in the low nibble. Dynamic MX inputs
+    in the config make the scheme w_mxfp4_a_mxfp4 (no input scale on disk); none, w_mxfp4."""
+    from harness.peers.quark_adapter import _mx_module
+
+    mx = _mx_module()
+    from quark.torch.utils.pack import Pack_fp4
+
+    root = made(f"quark_{input_mx}", write_quark_mxfp4, input_mx=input_mx)
+    qc = json.loads((root / "config.json").read_text())["quantization_config"]
+    assert qc["quant_method"] == "quark" and qc["global_quant_config"]["weight"]["dtype"] == "fp4"
+    ckpt = load_moe_layer(root, LAYER)
+    check_checkpoint(ckpt)
+    assert ckpt.scheme.name == ("w_mxfp4_a_mxfp4" if input_mx else "w_mxfp4")
+    assert (ckpt.num_experts, ckpt.hidden_size, ckpt.intermediate_size) == (EXPERTS, 64, 32)
+    disk = _disk(root)
+    assert not any(k.endswith("input_scale") for k in disk)
+    for e in range(EXPERTS):
+        for proj, rows in _rows(ckpt, e).items():
+            packed, scale = disk[expert_key(LAYER, e, proj, "weight")], disk[expert_key(LAYER, e, proj, "weight_scale")]
+            assert packed.dtype == scale.dtype == torch.uint8
+            n, k = rows.shape
+            assert packed.shape == (n, k // 2) and scale.shape == (n, k // 32)
+            values = Pack_fp4("per_group", "fp4").unpack(packed, True)
+            block = torch.exp2(scale.float() - 127).repeat_interleave(32, -1)
+            assert torch.equal(values * block, rows)
+            assert torch.equal(mx.upcast_from_mxfp_torch(packed, scale, torch.float32, axis=-1), rows)
+            # re-cast with Quark's EVEN rule: the dequantized rows are their own MX values, same bytes and scales
+            q, s = mx.downcast_to_mxfp_torch(rows, torch.uint8, axis=-1,
+                                             DEQUANT_SCALE_ROUNDING_MODE=mx.DequantScaleRoundingMode.EVEN)
+            assert torch.equal(mx.upcast_from_mxfp_torch(q, s, torch.float32, axis=-1), rows)
+
+
+@needs_quark
+def test_quark_configs_that_are_not_ocp_mxfp4_are_refused_naming_the_field(made, tmp_path):
+    src = made("quark_True", write_quark_mxfp4, input_mx=True)
+
+    def with_config(name: str, edit) -> Path:
+        root = shutil.copytree(src, tmp_path / name)
+        config = json.loads((root / "config.json").read_text())
+        edit(config["quantization_config"])
+        (root / "config.json").write_text(json.dumps(config))
+        return root
+
+    def legacy_mx(qc):
+        qc["global_quant_config"]["weight"].update(dtype="mx", mx_element_dtype="fp4")
+
+    def static_inputs(qc):
+        qc["global_quant_config"]["input_tensors"]["is_dynamic"] = False
+
+    def excluded(qc):
+        qc["exclude"].append("*.experts.*")
+
+    def nvfp4_group(qc):
+        qc["layer_quant_config"]["*.experts.*"] = dict(qc["global_quant_config"])
+        qc["layer_quant_config"]["*.experts.*"]["weight"] = dict(qc["global_quant_config"]["weight"], group_size=16)
+
+    for name, edit, pattern in (
+            ("legacy", legacy_mx, r"global_quant_config\.weight\.dtype = 'mx': Quark's legacy MX dtype .* "
+                                  r"unbiased int8"),
+            ("static", static_inputs, r"global_quant_config\.input_tensors\.is_dynamic = False"),
+            ("excluded", excluded, r"exclude '\*\.experts\.\*' matches model\.layers\.1\.mlp\.experts\.0\.gate_proj"),
+            ("group16", nvfp4_group, r"layer_quant_config\['\*\.experts\.\*'\]\.weight\.group_size = 16")):
+        with pytest.raises(ValueError, match=pattern):
+            load_moe_layer(with_config(name, edit), LAYER)
+
+
+def _gpt_oss_tensors(root: Path, layer: int = LAYER) -> dict[str, torch.Tensor]:
+    disk = _disk(root)
+    prefix = f"model.layers.{layer}.mlp.experts."
+    return {k[len(prefix):]: v for k, v in disk.items() if k.startswith(prefix)}
+
+
+@needs_transformers
+def test_gpt_oss_mxfp4_layer_is_what_transformers_dequantizes(made):
+    """gpt-oss's fused MXFP4 layout (written from the reference's quantize_mx: transformers' quantizer needs the
+    triton_kernels hub). transformers' own reader, convert_moe_packed_tensors (FP4 LUT, low nibble to the even
+    element, ldexp by scale - 127, transposed to its [E, K, N] parameters), gives the reference's dequantization of
+    the loaded layer bit for bit, in fp32 and in its default bf16; the biases are the files' widened to fp32. Then
+    transformers' GptOssExperts, loaded with those dequantized parameters, computes the reference's exact MoE
+    (float64): gate/up interleaving, SWIGLUOAI's clamp (limit 7, alpha 1.702) and both biases sit where gpt-oss puts
+    them."""
+    from transformers import GptOssConfig
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
+
+    from reference.moe import fused_moe
+
+    root = made("gpt_oss", write_gpt_oss_mxfp4)
+    ckpt = load_moe_layer(root, LAYER)
+    check_checkpoint(ckpt)
+    assert ckpt.scheme.name == "w_mxfp4" and ckpt.activation.name == "SWIGLUOAI"
+    assert (ckpt.activation.limit, ckpt.activation.alpha) == (7.0, 1.702)
+    assert (ckpt.num_experts, ckpt.hidden_size, ckpt.intermediate_size) == (EXPERTS, 64, 32)
+    t = _gpt_oss_tensors(root)
+    params = {}
+    for name, ours in (("gate_up_proj", ckpt.w13), ("down_proj", ckpt.w2)):
+        rows = dequantize_weight(ours, ckpt.scheme.weight, ckpt)
+        theirs = convert_moe_packed_tensors(t[f"{name}_blocks"], t[f"{name}_scales"], dtype=torch.float32)
+        assert torch.equal(theirs, rows.transpose(1, 2))
+        bf16 = convert_moe_packed_tensors(t[f"{name}_blocks"], t[f"{name}_scales"])
+        assert torch.equal(bf16, rows.transpose(1, 2).to(torch.bfloat16))
+        params[name] = theirs
+    assert torch.equal(ckpt.b13, t["gate_up_proj_bias"].float()) and torch.equal(ckpt.b2, t["down_proj_bias"].float())
+
+    config = GptOssConfig(hidden_size=64, intermediate_size=32, num_local_experts=EXPERTS, num_experts_per_tok=2)
+    experts = GptOssExperts(config).double()
+    with torch.no_grad():
+        experts.gate_up_proj.copy_(params["gate_up_proj"])
+        experts.down_proj.copy_(params["down_proj"])
+        experts.gate_up_proj_bias.copy_(t["gate_up_proj_bias"])
+        experts.down_proj_bias.copy_(t["down_proj_bias"])
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(16, 64, generator=g) * 2).to(torch.bfloat16)
+    ids = torch.stack([torch.randperm(EXPERTS, generator=g)[:2] for _ in range(16)])
+    w = torch.rand(16, 2, generator=g)
+    with torch.no_grad():
+        theirs = experts(x.double(), router_indices=ids, routing_weights=w.double())
+    ours = fused_moe(x, ckpt, w, ids, exact=True)
+    assert torch.allclose(ours.double(), theirs, rtol=1e-9, atol=1e-9), (ours.double() - theirs).abs().max()
+
+
+@needs_transformers
+def test_gpt_oss_module_exclusion_is_transformers_rule():
+    """modules_to_not_convert is matched as transformers' should_convert_module matches it (regex from the start to
+    a module boundary, or a suffix): gpt-oss's own list leaves the experts quantized; others exclude them."""
+    from transformers.quantizers.quantizers_utils import should_convert_module
+
+    from harness.inputs.checkpoints_on_disk import _hf_module_excluded
+
+    name = f"model.layers.{LAYER}.mlp.experts"
+    for pattern in GPT_OSS_NOT_CONVERTED + ["model.layers.1", "model.layers.11", "experts", "mlp.experts",
+                                            "model.layers.*.mlp", "model.layers.1.", "layers.1.mlp", "exp"]:
+        assert _hf_module_excluded(name, pattern) == (not should_convert_module(name, [pattern])), pattern
+
+
+def test_gpt_oss_layouts_that_do_not_fit_are_refused_naming_the_key(made, tmp_path):
+    src = made("gpt_oss", write_gpt_oss_mxfp4)
+    prefix = f"model.layers.{LAYER}.mlp.experts."
+    assert load_moe_layer(src, LAYER, activation="silu").activation.name == "SILU"  # halves, un-interleaved
+    halves, inter = load_moe_layer(src, LAYER, activation="silu"), load_moe_layer(src, LAYER)
+    i = inter.intermediate_size
+    for a, b in ((halves.w13.data, inter.w13.data), (halves.w13.scale, inter.w13.scale), (halves.b13, inter.b13)):
+        assert torch.equal(a[:, :i], b[:, 0::2]) and torch.equal(a[:, i:], b[:, 1::2])
+
+    def pop_bias(t):
+        t.pop(prefix + "down_proj_bias")
+
+    def nan_scale(t):
+        t[prefix + "gate_up_proj_scales"][0, 0, 0] = 0xFF
+
+    def per_expert(t):
+        t[prefix + "0.gate_proj.weight"] = torch.zeros(32, 32, dtype=torch.uint8)
+
+    def flat_blocks(t):
+        t[prefix + "down_proj_blocks"] = t[prefix + "down_proj_blocks"].flatten(-2)
+
+    for name, edit, pattern in (
+            ("bias", pop_bias, rf"{_escaped(prefix)}down_proj_bias is missing: the gpt-oss MXFP4 layout"),
+            ("nan", nan_scale, rf"{_escaped(prefix)}gate_up_proj_scales holds E8M0 NaN scale codes"),
+            ("foreign", per_expert, rf"{_escaped(prefix)}0\.gate_proj\.weight: '0\.gate_proj\.weight' is not a "
+                                    rf"tensor of the gpt-oss MXFP4 layout"),
+            ("flat", flat_blocks, rf"{_escaped(prefix)}down_proj_blocks must be uint8 \[4, 64, 1, 16\] .* got uint8 "
+                                  rf"\[4, 64, 16\]")):
+        with pytest.raises(ValueError, match=pattern):
+            load_moe_layer(_mutated(src, tmp_path / name, edit), LAYER)
+    with pytest.raises(ValueError, match="holds w_mxfp4 .*, not w_mxfp4_a_mxfp4"):
+        load_moe_layer(src, LAYER, scheme="w_mxfp4_a_mxfp4")
+    with pytest.raises(ValueError, match="RELU2_NO_MUL has no gate"):
+        load_moe_layer(src, LAYER, activation="relu2_no_mul")
+    excluded = shutil.copytree(src, tmp_path / "excluded")
+    config = json.loads((excluded / "config.json").read_text())
+    config["quantization_config"]["modules_to_not_convert"].append("model.layers.*.mlp.experts")
+    (excluded / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"modules_to_not_convert 'model\.layers\.\*\.mlp\.experts' matches"):
+        load_moe_layer(excluded, LAYER)
 
 
 # ---- refusals ----------------------------------------------------------------------------------------------------
@@ -400,6 +594,8 @@ def _pytest_on(root, *extra):
     ("compressed-tensors NVFP4", "w_nvfp4_a_nvfp4", {"torch_emulation", "triton_emulation", "triton_bitplace"}),
     ("ModelOpt NVFP4", "w_nvfp4_a_nvfp4", {"torch_emulation", "triton_emulation", "triton_bitplace"}),
     ("compressed-tensors FP8", "w_fp8_a_fp8", {"torch_emulation", "triton_emulation", "vllm_fused_moe@0.33.0"}),
+    ("AMD Quark MXFP4", "w_mxfp4_a_mxfp4", {"torch_emulation", "triton_emulation", "triton_bitplace"}),
+    ("gpt-oss MXFP4", "w_mxfp4", {"torch_emulation", "triton_emulation", "triton_bitplace"}),
 ])
 def test_the_conformance_cases_run_on_a_layer_written_by_each_tool(made, tool, scheme, expected):
     """pytest --checkpoint DIR --layer N on a layer the tool wrote: the cases become the layer's scheme at its sizes
@@ -408,7 +604,11 @@ def test_the_conformance_cases_run_on_a_layer_written_by_each_tool(made, tool, s
     fetched; 0.13.0's declared bias bug does not arise: the layer has no biases)."""
     writers = {"compressed-tensors NVFP4": ("ct_nvfp4_True", write_ct_nvfp4, dict(input_scales=True), needs_ct),
                "ModelOpt NVFP4": ("modelopt_True", write_modelopt_nvfp4, dict(input_scales=True), needs_modelopt),
-               "compressed-tensors FP8": ("ct_fp8_tensor", write_ct_fp8, dict(strategy="tensor"), needs_ct)}
+               "compressed-tensors FP8": ("ct_fp8_tensor", write_ct_fp8, dict(strategy="tensor"), needs_ct),
+               "AMD Quark MXFP4": ("quark_True", write_quark_mxfp4, dict(input_mx=True), needs_quark),
+               "gpt-oss MXFP4": ("gpt_oss", write_gpt_oss_mxfp4, {}, by_the_reference)}
+    # gpt-oss's layout is SWIGLUOAI's (the loader's default for it); the per-expert layouts default to SILU
+    act = "SWIGLUOAI" if tool == "gpt-oss MXFP4" else "SILU"
     name, writer, kwargs, needs = writers[tool]
     if needs.args[0]:  # the producer is not installed
         pytest.skip(needs.kwargs["reason"])
@@ -416,7 +616,7 @@ def test_the_conformance_cases_run_on_a_layer_written_by_each_tool(made, tool, s
     tail = proc.stdout[-3000:] + proc.stderr[-2000:]
     assert proc.returncode == 0, tail
     ran = [line for line in proc.stdout.splitlines() if line.startswith("PASSED")]
-    assert ran and all(f"[{scheme}/SILU/" in line for line in ran), tail
+    assert ran and all(f"[{scheme}/{act}/" in line for line in ran), tail
     backends = {line.split("/")[3] for line in ran}
     assert expected - {"vllm_fused_moe@0.33.0"} <= backends, tail
     assert "FAILED" not in proc.stdout, tail

@@ -431,6 +431,8 @@ def ci_thinned_out(backend, case: ConformanceCase) -> str | None:
     activation most models use, and the one README's examples name) and every fourth other activation, the
     choice rotating with the scheme, so that every scheme and every activation run (each with several partners). A (backend, scheme) with a declared known failure runs whole (its strict xfail is the
     record). dev (README's "Run it") and nightly run every case."""
+    if given_checkpoint() is not None:
+        return None  # --checkpoint: one (scheme, activation) per backend, the checkpoint's; nothing to thin out
     schemes, acts = list(SCHEMES), list(ACTIVATIONS)
     if case.activation.name == "SILU" or (
             schemes.index(case.scheme.name) + acts.index(case.activation.name)) % CI_ACTIVATION_STRIDE == 0:

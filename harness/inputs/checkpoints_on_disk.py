@@ -4,7 +4,8 @@ A model directory holds *.safetensors shards and its config. Each expert e of de
 projections as separate Linear weights under `model.layers.{L}.mlp.experts.{e}.{gate_proj,up_proj,down_proj}.`:
 gate_proj and up_proj are [I, H] (out x in), down_proj is [H, I]. The reference wants w13 [E, N13, H] (gate rows,
 then up rows; rows interleaved gate/up for SWIGLUOAI; up_proj alone for the *_NO_MUL activations, which have no
-gate_proj) and w2 [E, H, I]. Three on-disk layouts are read (K is a projection's input dim, N its output dim):
+gate_proj) and w2 [E, H, I]. Four per-expert on-disk layouts are read (K is a projection's input dim, N its output
+dim), and gpt-oss's fused one (at the end of this file: _load_gpt_oss):
 
 ModelOpt NVFP4 (hf_quant_config.json {"quantization": {"quant_algo": "NVFP4", "group_size": 16}}; ModelOpt's
 export also writes the same facts into config.json's quantization_config with quant_method "modelopt", read when
@@ -44,6 +45,20 @@ writes:
   -> per tensor with static per-tensor inputs (the FP8 preset): w_fp8_a_fp8; 128x128 blocks with dynamic 1x128
   input groups (FP8_BLOCK): w_fp8_a_fp8_block. Per channel (FP8_DYNAMIC) has no reference scheme: refused.
 
+AMD Quark OCP MXFP4 (config.json quantization_config, quant_method "quark": QConfig.to_dict() as Quark's
+QuarkSafetensorsExporter writes it). The expert Linear's config is Quark's resolution for its name
+(get_layer_quant_config: the first fnmatch of layer_quant_config, else global_quant_config; an `exclude` fnmatch
+means unquantized); its weight must be OCP_MXFP4Spec's QTensorConfig (dtype "fp4", qscheme "per_group", group_size 32,
+scale_format "e8m0", ch_axis -1). Fields as the exporter's real quantizer and apply_export_state_dict_mappings name
+them:
+  weight        uint8 [N, K/2]   E2M1 codes, element 2j in the LOW nibble (Pack_fp4.pack: (q[..., 1] << 4) +
+                                 q[..., 0] over consecutive pairs; the MX cast downcast_to_mxfp_torch packs alike)
+  weight_scale  uint8 [N, K/32]  E8M0 (to_e8m0_uint8: round(log2 scale) + 127; Quark decodes 2^(code - 127)), not
+                                 transposed (only integer per-group dtypes are)
+  no input_scale: OCP_MXFP4Spec input activations are dynamic
+  -> input_tensors null: w_mxfp4; input_tensors dynamic OCP MXFP4: w_mxfp4_a_mxfp4. Quark's legacy dtype "mx"
+  (Pack_mxfp4: unbiased int8 exponents) and other MX element types are refused.
+
 What one expert's w13 cannot hold is refused, not approximated: the reference keeps ONE global scale (NVFP4) or
 one per-tensor scale (FP8) for an expert's whole w13, so gate_proj's and up_proj's must be equal (ModelOpt's
 export and llm-compressor's NVFP4 fuse them, taking the larger amax; llm-compressor's per-tensor FP8 does not, and
@@ -78,6 +93,8 @@ __all__ = ["load_moe_layer", "DIRECTION_TOLERANCE"]
 
 _NVFP4_BLOCK = 16
 _FP8_BLOCK = 128
+_MX_BLOCK = 32
+_E8M0_NAN = 0xFF
 _E2M1_MAX = 6.0
 # a reading of an NVFP4 global scale whose largest representable weight is this many times the opposite reading's
 # is taken as a global scale stored in the other direction
@@ -106,6 +123,11 @@ class _Layout:
     input_scale: _Field | None = None  # static schemes
     convention: str = "decode"  # NVFP4 global scale direction
     fp8_strategy: str | None = None  # "tensor" or "block"
+    mx: bool = False  # OCP MX (E8M0 scales per 32)
+
+    @property
+    def family(self) -> str:
+        return "mx" if self.mx else ("nvfp4" if self.fp8_strategy is None else "fp8")
 
     @property
     def fields(self) -> tuple[_Field, ...]:
@@ -166,6 +188,15 @@ def _ct_fp8(strategy: str) -> _Layout:
     return _Layout("compressed-tensors FP8 128x128-block", "w_fp8_a_fp8_block", weight, scale, fp8_strategy="block")
 
 
+def _quark_mxfp4(with_inputs: bool) -> _Layout:
+    # dynamic MX activations have no stored scale: the layout is the weight's two fields either way
+    weight = _Field("weight", (torch.uint8,), lambda n, k: ((n, k // 2),),
+                    "E2M1 codes packed two per byte along K, element 2j in the low nibble (Quark's Pack_fp4)")
+    scale = _Field("weight_scale", (torch.uint8,), lambda n, k: ((n, k // _MX_BLOCK),),
+                   "E8M0 block scales (exponent + 127), one per 32 elements along K")
+    return _Layout("AMD Quark OCP MXFP4", "w_mxfp4_a_mxfp4" if with_inputs else "w_mxfp4", weight, scale, mx=True)
+
+
 # ---- the config: which layout the files are in ---------------------------------------------------------------
 
 
@@ -212,9 +243,12 @@ def _config_layout(root: Path, modules: list[str]) -> tuple[str, object]:
         groups = qc.get("config_groups") or {}
         weights = next(iter(groups.values()), {}).get("weights", {}) if groups else {}
         return "modelopt", (qc.get("quant_algo"), weights.get("group_size", _NVFP4_BLOCK), root / "config.json")
+    if method == "quark":
+        return "quark", _quark_layout(qc, modules, f"{root / 'config.json'}: quantization_config")
     if method != "compressed-tensors":
         raise ValueError(f"{root / 'config.json'}: quantization_config.quant_method {method!r} is not a layout this "
-                         f"loader reads ('compressed-tensors', or ModelOpt's 'modelopt' / hf_quant_config.json)")
+                         f"loader reads ('compressed-tensors', 'quark', gpt-oss's 'mxfp4', or ModelOpt's 'modelopt' / "
+                         f"hf_quant_config.json)")
     return "compressed-tensors", _ct_group(qc, modules, root / "config.json")
 
 
@@ -263,6 +297,73 @@ def _ct_group(qc: dict, modules: list[str], where: Path):
     fmt = g.get("format") or qc.get("format")
     return (g.get("weights") or {}, g.get("input_activations"), fmt,
             f"{where}: quantization_config.config_groups.{gname}")
+
+
+def _quark_layer_config(qc: dict, module: str, where: str) -> tuple[str, dict]:
+    """(where, QLayerConfig dict) Quark resolves for one Linear, as its exporter does (quant_config_parser's
+    get_layer_quant_config): the first layer_quant_config pattern that fnmatches the name, else the
+    layer_type_quant_config entry of Linear, else global_quant_config; a name matching an `exclude` pattern is not
+    quantized at all."""
+    for pat in qc.get("exclude") or []:
+        if fnmatch.fnmatch(module, pat):
+            raise ValueError(f"{where}.exclude {pat!r} matches {module}: that expert is not quantized (bf16 experts "
+                             f"are not a quantized layout)")
+    for pat, cfg in (qc.get("layer_quant_config") or {}).items():
+        if fnmatch.fnmatch(module, pat):
+            return f"{where}.layer_quant_config[{pat!r}]", cfg
+    by_type = qc.get("layer_type_quant_config") or {}
+    if by_type:
+        raise ValueError(f"{where}.layer_type_quant_config = {sorted(by_type)!r}: per-layer-type configs are not read "
+                         f"here (a Linear's config would be whichever entry names its class)")
+    return f"{where}.global_quant_config", qc.get("global_quant_config")
+
+
+def _quark_mx_spec(spec, where: str, what: str) -> None:
+    """OCP MXFP4 as Quark's OCP_MXFP4Spec serializes it (QTensorConfig.to_dict): dtype "fp4", qscheme "per_group",
+    group_size 32, scale_format "e8m0", along the last axis (K for a weight, the hidden dim for an input)."""
+    if not isinstance(spec, dict):
+        raise ValueError(f"{where} = {spec!r}: expected one QTensorConfig object ({what}); a list is Quark's "
+                         f"double quantization, which has no reference scheme")
+    if spec.get("dtype") == "mx":
+        raise ValueError(f"{where}.dtype = 'mx': Quark's legacy MX dtype (mx_element_dtype "
+                         f"{spec.get('mx_element_dtype')!r}) stores each block's exponent as an unbiased int8 "
+                         f"(Pack_mxfp4), not E8M0: not read here; OCP MXFP4 is dtype 'fp4' with scale_format 'e8m0'")
+    want = {"dtype": "fp4", "qscheme": "per_group", "group_size": _MX_BLOCK, "scale_format": "e8m0"}
+    for key, v in want.items():
+        if spec.get(key) != v:
+            raise ValueError(f"{where}.{key} = {spec.get(key)!r}: {what} must be OCP MXFP4 ({want}); only Quark's "
+                             f"MXFP4 (OCP_MXFP4Spec) is read here")
+    if spec.get("ch_axis", -1) not in (-1, 1):
+        raise ValueError(f"{where}.ch_axis = {spec.get('ch_axis')!r}: MX blocks run along the last axis (-1)")
+
+
+def _quark_layout(qc: dict, modules: list[str], where: str) -> _Layout:
+    """AMD Quark's HF export (quant_method "quark"): OCP MXFP4 weights; inputs None (w_mxfp4) or dynamic OCP MXFP4
+    (w_mxfp4_a_mxfp4)."""
+    resolved = {m: _quark_layer_config(qc, m, where) for m in modules}
+    kinds = {json.dumps(cfg, sort_keys=True) for _, cfg in resolved.values()}
+    if len(kinds) > 1:
+        places = sorted({w for w, _ in resolved.values()})
+        raise ValueError(f"{where}: the layer's expert projections get different configs ({', '.join(places)}): one "
+                         f"MoE layer has one scheme")
+    cfg_where, cfg = next(iter(resolved.values()))
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{cfg_where} = {cfg!r}: expected a QLayerConfig object")
+    if cfg.get("weight") is None:
+        raise ValueError(f"{cfg_where}.weight is null: the experts' weights are not quantized")
+    _quark_mx_spec(cfg["weight"], f"{cfg_where}.weight", "the weight")
+    for other in ("output_tensors", "bias"):
+        if cfg.get(other) is not None:
+            raise ValueError(f"{cfg_where}.{other} is set: a quantized {other.replace('_', ' ')} has no reference "
+                             f"scheme")
+    inputs = cfg.get("input_tensors")
+    if inputs is None:
+        return _quark_mxfp4(False)
+    _quark_mx_spec(inputs, f"{cfg_where}.input_tensors", "the input activation")
+    if inputs.get("is_dynamic") is not True:
+        raise ValueError(f"{cfg_where}.input_tensors.is_dynamic = {inputs.get('is_dynamic')!r}: w_mxfp4_a_mxfp4 "
+                         f"quantizes its inputs dynamically (no stored input scale)")
+    return _quark_mxfp4(True)
 
 
 def _ct_layout(weights: dict, inputs: dict | None, fmt: str | None, where: str) -> _Layout:
@@ -388,6 +489,12 @@ def _check_e4m3_scales(codes: torch.Tensor, key: str) -> None:
         raise ValueError(f"{key} holds negative or NaN E4M3 block scales (codes >= 0x7F)")
 
 
+def _check_e8m0_scales(codes: torch.Tensor, key: str) -> None:
+    # E8M0 0xFF is NaN (the whole block NaN, OCP MX); no producer writes it for finite weights
+    if bool((codes == _E8M0_NAN).any()):
+        raise ValueError(f"{key} holds E8M0 NaN scale codes (0xFF)")
+
+
 def _check_fp8_codes(codes: torch.Tensor, key: str) -> None:
     # E4M3FN's NaN is S.1111.111; an FP8 checkpoint holds none (ModelOpt 0.47 writes them for an all-zero tensor)
     if bool(((codes & 0x7F) == 0x7F).any()):
@@ -444,16 +551,24 @@ def _check_fields(shards: _Shards, prefix: str, projections: tuple[str, ...], la
 def load_moe_layer(path, layer: int, scheme: str | None = None, activation: str | Activation | None = None
                    ) -> MoECheckpoint:
     """The MoE layer `layer` of the checkpoint directory `path` as a reference MoECheckpoint (layouts: module
-    docstring). scheme, if given, must be the one the files hold; activation defaults to SILU (the files do not
-    say). Every mismatch is a ValueError naming the tensor key or config field and what was expected."""
+    docstring). scheme, if given, must be the one the files hold; activation defaults to SILU (the per-expert
+    layouts do not say), SWIGLUOAI for gpt-oss's fused layout (gpt-oss's own activation). Every mismatch is a
+    ValueError naming the tensor key or config field and what was expected."""
     root = Path(path)
     if not root.is_dir():
         raise ValueError(f"{root} is not a directory")
     if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0:
         raise ValueError(f"layer must be a non-negative int, got {layer!r}")
-    act = activation if isinstance(activation, Activation) else activation_by_name(activation or "SILU")
     shards = _Shards(root)
     prefix = f"model.layers.{layer}.mlp.experts."
+    config = _read_json(root / "config.json")
+    qc = None if config is None else config.get("quantization_config")
+    if isinstance(qc, dict) and qc.get("quant_method") == "mxfp4":
+        if (root / "hf_quant_config.json").is_file():
+            raise ValueError(f"{root}: hf_quant_config.json says ModelOpt, config.json's quantization_config says "
+                             f"quant_method 'mxfp4' (gpt-oss): which producer wrote these tensors is ambiguous")
+        return _load_gpt_oss(root, shards, layer, prefix, scheme, activation, config)
+    act = activation if isinstance(activation, Activation) else activation_by_name(activation or "SILU")
     experts = _expert_ids(shards, prefix, layer)
     projections = ("gate_proj", "up_proj", "down_proj") if act.gated else ("up_proj", "down_proj")
     modules = [f"{prefix}{e}.{p}" for e in experts for p in projections]
@@ -463,24 +578,27 @@ def load_moe_layer(path, layer: int, scheme: str | None = None, activation: str 
         quant_algo, group_size, where = info
         has_inputs = any(k.startswith(prefix) and k.endswith(".input_scale") for k in shards.where)
         layout = _modelopt_layout(quant_algo, group_size, where, has_inputs)
+    elif producer == "quark":
+        layout = info
     else:
         layout = _ct_layout(*info)
     if scheme is not None and scheme_by_name(scheme).name != layout.scheme:
         raise ValueError(f"{root} holds {layout.scheme} ({layout.name}), not {scheme_by_name(scheme).name}")
     _check_fields(shards, prefix, projections, layout)
 
-    # logical sizes from expert 0's down_proj [H, I] (NVFP4 stores I / 2 bytes per row)
+    # logical sizes from expert 0's down_proj [H, I] (NVFP4 and MXFP4 store I / 2 bytes per row)
+    family = layout.family
     down_key = f"{prefix}{experts[0]}.down_proj.{layout.weight.name}"
     if down_key not in shards.where:
         raise ValueError(f"{down_key} is missing: the {layout.name} layout stores {layout.weight.name} "
                          f"({layout.weight.what}) for every expert projection")
     down_shape = shards.get(down_key).shape
     if len(down_shape) != 2:
-        raise ValueError(f"{down_key} must be 2-d [H, I{' / 2' if layout.fp8_strategy is None else ''}], got "
+        raise ValueError(f"{down_key} must be 2-d [H, I{' / 2' if family != 'fp8' else ''}], got "
                          f"{list(down_shape)}")
     hidden = down_shape[0]
-    inter = down_shape[1] * (2 if layout.fp8_strategy is None else 1)
-    block = _NVFP4_BLOCK if layout.fp8_strategy is None else (_FP8_BLOCK if layout.fp8_strategy == "block" else 1)
+    inter = down_shape[1] * (2 if family != "fp8" else 1)
+    block = {"nvfp4": _NVFP4_BLOCK, "mx": _MX_BLOCK}.get(family, _FP8_BLOCK if layout.fp8_strategy == "block" else 1)
     for name, v in (("hidden size H", hidden), ("intermediate size I", inter)):
         if v % block:
             raise ValueError(f"{down_key}: {name} {v} is not a multiple of {block}: the reference holds whole "
@@ -510,20 +628,25 @@ def load_moe_layer(path, layer: int, scheme: str | None = None, activation: str 
             return torch.stack(parts, dim=1).flatten(0, 1)
         return torch.cat(parts, dim=0)
 
-    # codes: both producers pack element 2j into the low nibble (NVFP4) or store one E4M3 code per byte (FP8), the
-    # reference's layout already, so bytes pass through unchanged
+    # codes: every producer here packs element 2j into the low nibble (NVFP4, MXFP4) or stores one E4M3 code per
+    # byte (FP8), the reference's layout already, so bytes pass through unchanged
     lw, ls = layout.weight, layout.scale
     for p in projections:
         for e in experts:
-            if layout.fp8_strategy is None:
+            if family == "nvfp4":
                 _check_e4m3_scales(per[p][ls.name][e].view(torch.uint8), key(e, p, ls))
+            elif family == "mx":
+                _check_e8m0_scales(per[p][ls.name][e], key(e, p, ls))
             else:
                 _check_fp8_codes(per[p][lw.name][e].view(torch.uint8), key(e, p, lw))
                 _positive_finite(per[p][ls.name][e], key(e, p, ls), "an FP8 weight scale")
     data13 = torch.stack([w13_rows(lw.name, e).view(torch.uint8) for e in experts])
     data2 = torch.stack([per["down_proj"][lw.name][e].view(torch.uint8) for e in experts])
 
-    if layout.fp8_strategy is None:  # NVFP4: E4M3 scale codes, one global scale per expert and weight
+    if family == "mx":  # E8M0 scale codes per 32, no global scale
+        w13 = QuantizedWeight(data13, torch.stack([w13_rows(ls.name, e) for e in experts]), None)
+        w2 = QuantizedWeight(data2, torch.stack([per["down_proj"][ls.name][e] for e in experts]), None)
+    elif family == "nvfp4":  # NVFP4: E4M3 scale codes, one global scale per expert and weight
         scale13 = torch.stack([w13_rows(ls.name, e).view(torch.uint8) for e in experts])
         scale2 = torch.stack([per["down_proj"][ls.name][e].view(torch.uint8) for e in experts])
         g13, g2 = _one_per_expert(per, layout.global_scale, w13_parts, experts, key, "NVFP4 global scale",
@@ -554,9 +677,9 @@ def load_moe_layer(path, layer: int, scheme: str | None = None, activation: str 
     ckpt = MoECheckpoint(
         scheme=scheme_by_name(layout.scheme), activation=act, w13=w13, w2=w2, hidden_size=hidden,
         intermediate_size=inter, w13_input_scale=in13, w2_input_scale=in2,
-        nvfp4_global_convention=layout.convention if layout.fp8_strategy is None else "decode", fp8_format=E4M3FN)
+        nvfp4_global_convention=layout.convention if family == "nvfp4" else "decode", fp8_format=E4M3FN)
     check_checkpoint(ckpt)
-    if layout.fp8_strategy is None:
+    if family == "nvfp4":
         _check_direction(ckpt, layout, w13_parts[0], prefix)
     return ckpt
 
@@ -598,3 +721,133 @@ def _check_direction(ckpt: MoECheckpoint, layout: _Layout, w13_proj: str, prefix
                 f"{float(other[e]):.4g}: more than {DIRECTION_TOLERANCE:g}x apart, so the global scale direction is "
                 f"wrong for this {layout.name} label (a scale stored in the other direction, or tensors relabelled "
                 f"between producers)")
+
+
+# ---- gpt-oss's MXFP4 layout: all experts of a layer fused in one tensor per field --------------------------------
+
+_GPT_OSS = "gpt-oss MXFP4"
+
+
+def _hf_module_excluded(name: str, pattern: str) -> bool:
+    """transformers' modules_to_not_convert rule (quantizers_utils.should_convert_module): the pattern, as a regex,
+    matches the module name from its start up to a module boundary (a "." or the end), or the name ends with it."""
+    if name.endswith(pattern):
+        return True
+    try:
+        return re.match(rf"(?:{pattern})(?:(?![^.])|(?<=\.))", name) is not None
+    except re.error:
+        return False
+
+
+def _gpt_oss_fields(e: int) -> dict[str, _Field]:
+    """The six tensors under model.layers.L.mlp.experts. (transformers' Mxfp4GptOssExperts parameters): n, k are the
+    projection's output and input sizes (gate_up: 2I, H; down: H, I)."""
+    blocks = lambda n, k: ((e, n, k // _MX_BLOCK, _MX_BLOCK // 2),)  # noqa: E731
+    scales = lambda n, k: ((e, n, k // _MX_BLOCK),)  # noqa: E731
+    bias = lambda n, k: ((e, n),)  # noqa: E731
+    what_blocks = ("E2M1 codes, 16 bytes per block of 32 along K, element 2j of a block in byte j's low nibble "
+                   "(transformers' convert_moe_packed_tensors)")
+    what_scales = "E8M0 block scales (exponent + 127), one per 32 elements along K"
+    return {
+        "gate_up_proj_blocks": _Field("gate_up_proj_blocks", (torch.uint8,), blocks, what_blocks),
+        "gate_up_proj_scales": _Field("gate_up_proj_scales", (torch.uint8,), scales, what_scales),
+        "gate_up_proj_bias": _Field("gate_up_proj_bias", _HALF_PRECISION_OR_FP32, bias,
+                                    "per-expert bias of the interleaved gate/up rows"),
+        "down_proj_blocks": _Field("down_proj_blocks", (torch.uint8,), blocks, what_blocks),
+        "down_proj_scales": _Field("down_proj_scales", (torch.uint8,), scales, what_scales),
+        "down_proj_bias": _Field("down_proj_bias", _HALF_PRECISION_OR_FP32, bias, "per-expert bias of the output"),
+    }
+
+
+def _load_gpt_oss(root: Path, shards: _Shards, layer: int, prefix: str, scheme, activation, config: dict
+                  ) -> MoECheckpoint:
+    """gpt-oss's own MXFP4 checkpoint (config.json quantization_config {"quant_method": "mxfp4"}), as transformers'
+    Mxfp4HfQuantizer reads it. Per layer, all E experts in one tensor per field (K is a projection's input dim):
+      gate_up_proj_blocks  uint8 [E, 2I, H/32, 16]  E2M1 codes; block g's 16 bytes hold elements 32g .. 32g + 31,
+                                                    element 32g + 2j in byte j's LOW nibble, 32g + 2j + 1 in its high
+                                                    nibble (convert_moe_packed_tensors: lut[b & 0x0F] to the even
+                                                    positions, lut[b >> 4] to the odd ones)
+      gate_up_proj_scales  uint8 [E, 2I, H/32]      E8M0: the block's value is code * 2^(scale - 127)
+      gate_up_proj_bias    bf16 [E, 2I]
+      down_proj_blocks     uint8 [E, H, I/32, 16], down_proj_scales uint8 [E, H, I/32], down_proj_bias [E, H]
+    Rows are output channels (transformers dequantizes to [E, N, K] and transposes to its [E, K, N] parameters);
+    gate_up's rows interleave gate (2j) and up (2j + 1), as GptOssExperts splits gate_up[..., ::2] / [..., 1::2],
+    which is the reference's SWIGLUOAI w13 layout; flattening [H/32, 16] to H/2 bytes is the reference's FP4
+    packing. So bytes and scales pass through; biases widen exactly to fp32. Activation: SWIGLUOAI (gpt-oss's
+    clamped SwiGLU, limit 7, alpha 1.702) unless another gated one is asked for (its rows are then un-interleaved
+    into gate then up halves). Scheme w_mxfp4: activations stay bf16."""
+    where = root / "config.json"
+    qc = config["quantization_config"]
+    experts_module = prefix[:-1]
+    for pat in qc.get("modules_to_not_convert") or []:
+        if _hf_module_excluded(experts_module, pat):
+            raise ValueError(f"{where}: quantization_config.modules_to_not_convert {pat!r} matches {experts_module}: "
+                             f"those experts are not quantized (bf16 experts are not a quantized layout)")
+    act = activation if isinstance(activation, Activation) else activation_by_name(activation or "SWIGLUOAI")
+    if not act.gated:
+        raise ValueError(f"{act.name} has no gate, but gpt-oss's {prefix}gate_up_proj_* hold gate and up rows")
+    if scheme is not None and scheme_by_name(scheme).name != "w_mxfp4":
+        raise ValueError(f"{root} holds w_mxfp4 ({_GPT_OSS}), not {scheme_by_name(scheme).name}")
+
+    names = {k[len(prefix):]: k for k in shards.where if k.startswith(prefix)}
+    if not names:
+        layers = sorted({int(m.group(1)) for key in shards.where
+                         if (m := re.match(r"model\.layers\.(\d+)\.mlp\.experts\.", key))})
+        raise ValueError(f"no tensors under {prefix}: layer {layer} has no MoE experts here (layers with experts: "
+                         f"{layers})")
+    probe = _gpt_oss_fields(0)
+    foreign = sorted(set(names) - set(probe))
+    if foreign:
+        raise ValueError(f"{names[foreign[0]]}: {', '.join(repr(f) for f in foreign)} "
+                         f"{'is not a tensor' if len(foreign) == 1 else 'are not tensors'} of the {_GPT_OSS} layout "
+                         f"(its tensors: {', '.join(probe)}; per-expert tensors are another producer's layout)")
+    for name, f in probe.items():
+        if name not in names:
+            raise ValueError(f"{prefix}{name} is missing: the {_GPT_OSS} layout stores {name} ({f.what}) for every "
+                             f"MoE layer")
+
+    # sizes from gate_up_proj_blocks [E, 2I, H/32, 16]
+    key13 = prefix + "gate_up_proj_blocks"
+    shape13 = tuple(shards.get(key13).shape)
+    if len(shape13) != 4 or shape13[3] != _MX_BLOCK // 2 or shape13[1] % 2:
+        raise ValueError(f"{key13} must be 4-d [E, 2I, H/32, 16] ({_GPT_OSS}: E2M1 codes, 16 bytes per block of 32 "
+                         f"along H), got {list(shape13)}")
+    e, hidden, inter = shape13[0], shape13[2] * _MX_BLOCK, shape13[1] // 2
+    if inter % _MX_BLOCK:
+        raise ValueError(f"{key13}: intermediate size I = {inter} (half of {shape13[1]} rows) is not a multiple of 32: "
+                         f"down_proj_blocks has whole blocks of 32 along I")
+    for field, v in (("num_local_experts", e), ("hidden_size", hidden), ("intermediate_size", inter)):
+        if field in config and config[field] != v:
+            raise ValueError(f"{where}: {field} = {config[field]!r}, but {key13} {list(shape13)} holds {v}")
+    if act.formula == "SWIGLUOAI":
+        for field, v in (("swiglu_limit", act.limit), ("swiglu_alpha", act.alpha)):
+            if field in config and float(config[field]) != float(v):
+                raise ValueError(f"{where}: {field} = {config[field]!r}: the reference's {act.name} has {v} (gpt-oss's "
+                                 f"clamped SwiGLU)")
+
+    layout = _Layout(_GPT_OSS, "w_mxfp4", probe["gate_up_proj_blocks"], probe["gate_up_proj_scales"], mx=True)
+    fields = _gpt_oss_fields(e)
+    sizes = {"gate_up_proj": (2 * inter, hidden), "down_proj": (hidden, inter)}
+    t = {}
+    for name, f in fields.items():
+        n, k = sizes[name.rsplit("_", 1)[0]]
+        t[name] = _read(shards, prefix + name, f, n, k, layout)
+    for proj in sizes:
+        _check_e8m0_scales(t[f"{proj}_scales"], prefix + f"{proj}_scales")
+        bias = t[f"{proj}_bias"]
+        if not bool(torch.isfinite(bias).all()):
+            raise ValueError(f"{prefix}{proj}_bias holds non-finite values")
+
+    data13 = t["gate_up_proj_blocks"].reshape(e, 2 * inter, hidden // 2)
+    data2 = t["down_proj_blocks"].reshape(e, hidden, inter // 2)
+    scale13, b13 = t["gate_up_proj_scales"], t["gate_up_proj_bias"].float()
+    if not act.interleaved:  # gate rows (even) first, then up rows (odd)
+        rows = torch.cat([torch.arange(0, 2 * inter, 2), torch.arange(1, 2 * inter, 2)])
+        data13, scale13, b13 = data13[:, rows], scale13[:, rows], b13[:, rows]
+    ckpt = MoECheckpoint(
+        scheme=scheme_by_name("w_mxfp4"), activation=act,
+        w13=QuantizedWeight(data13.contiguous(), scale13.contiguous(), None),
+        w2=QuantizedWeight(data2.contiguous(), t["down_proj_scales"].contiguous(), None),
+        hidden_size=hidden, intermediate_size=inter, b13=b13.contiguous(), b2=t["down_proj_bias"].float())
+    check_checkpoint(ckpt)
+    return ckpt

@@ -5,6 +5,12 @@ with safetensors.torch.save_file one shard per decoder layer, beside a plausible
 model) and, for ModelOpt, hf_quant_config.json. Test helpers only: a real export runs calibration over a model;
 here the tools' own quantizers run on the weights and on a stated activation amax, which is what ends in the files.
 
+AMD Quark's OCP MXFP4 export is written from Quark's own MX cast (downcast_to_mxfp_torch, EVEN scales) through its
+exporter's own packing (Pack_fp4, to_e8m0_uint8) under the config QConfig.to_dict() gives. gpt-oss's fused MXFP4
+layout is written from the REFERENCE's quantize_mx and pack_fp4: transformers' own quantizer (quantize_to_mxfp4)
+needs the triton_kernels hub, which does not run on the CPU; its reader (convert_moe_packed_tensors) does, and the
+tests check the loader against it.
+
 Gate and up share one global scale per expert (NVFP4) or one per-tensor scale (FP8, unless fuse_gate_up=False):
 ModelOpt's export syncs the two amaxes (the max) and llm-compressor fuses NVFP4's gate/up global scales the same
 way; llm-compressor's per-tensor FP8 keeps one scale per projection (fuse_gate_up=False writes that)."""
@@ -16,7 +22,8 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["write_modelopt_nvfp4", "write_ct_nvfp4", "write_ct_fp8", "expert_key", "ct_quantization_config"]
+__all__ = ["write_modelopt_nvfp4", "write_ct_nvfp4", "write_ct_fp8", "write_quark_mxfp4", "write_gpt_oss_mxfp4",
+           "expert_key", "ct_quantization_config", "quark_quantization_config", "GPT_OSS_NOT_CONVERTED"]
 
 _PROJ = ("gate_proj", "up_proj", "down_proj")
 
@@ -49,18 +56,20 @@ def _model_config(layers: int, experts: int, hidden: int, inter: int) -> dict:
 
 
 def _save(root: Path, per_layer: list[dict[str, torch.Tensor]], config: dict, hf_quant_config: dict | None,
-          seed: int) -> Path:
+          seed: int, qwen_router: bool = True) -> Path:
     """One shard per layer (the loader must find a layer's tensors in whichever file holds them), each with the
     layer's unquantized router and norm beside the experts, plus the index file save_pretrained writes."""
     from safetensors.torch import save_file
 
     root.mkdir(parents=True, exist_ok=True)
     g = torch.Generator().manual_seed(seed + 1)
-    hidden, experts = config["hidden_size"], config["num_experts"]
+    hidden, experts = config["hidden_size"], config.get("num_experts", config.get("num_local_experts"))
     weight_map, total = {}, 0
     for layer, tensors in enumerate(per_layer):
         tensors = dict(tensors)
-        tensors[f"model.layers.{layer}.mlp.gate.weight"] = torch.randn(experts, hidden, generator=g).to(torch.bfloat16)
+        if qwen_router:
+            tensors[f"model.layers.{layer}.mlp.gate.weight"] = torch.randn(experts, hidden,
+                                                                           generator=g).to(torch.bfloat16)
         tensors[f"model.layers.{layer}.post_attention_layernorm.weight"] = torch.ones(hidden, dtype=torch.bfloat16)
         name = f"model-{layer + 1:05d}-of-{len(per_layer):05d}.safetensors"
         # one storage per key (gate and up may hold the very same global-scale tensor object)
@@ -211,3 +220,103 @@ def write_ct_fp8(root, strategy: str = "tensor", *, scale_dtype: torch.dtype = t
     config = _model_config(layers, experts, hidden, inter)
     config["quantization_config"] = ct_quantization_config(scheme, "float-quantized")
     return _save(Path(root), per_layer, config, None, seed)
+
+
+# ---- OCP MX ------------------------------------------------------------------------------------------------------
+
+
+def quark_quantization_config(input_mx: bool) -> dict:
+    """config.json's quantization_config as Quark's QuarkSafetensorsExporter writes it (QConfig.to_dict() plus the
+    JsonExporterConfig under "export"): OCP_MXFP4Spec weights (static: quantized at export) and, with input_mx,
+    dynamic OCP_MXFP4Spec input activations; the router and lm_head excluded."""
+    import dataclasses
+
+    from harness.peers.quark_adapter import _install_standins
+
+    _install_standins()  # the config classes import in ~0.1 s under the adapter's stand-ins
+    from quark.torch.export.config.config import JsonExporterConfig
+    from quark.torch.quantization.config.config import OCP_MXFP4Spec, QConfig, QLayerConfig
+
+    layer = QLayerConfig(weight=OCP_MXFP4Spec(ch_axis=-1, is_dynamic=False).to_quantization_spec(),
+                         input_tensors=OCP_MXFP4Spec(ch_axis=-1, is_dynamic=True).to_quantization_spec()
+                         if input_mx else None)
+    qc = QConfig(global_quant_config=layer, exclude=["lm_head", "*mlp.gate"]).to_dict()
+    qc["export"] = dataclasses.asdict(JsonExporterConfig())
+    return qc
+
+
+def write_quark_mxfp4(root, *, layers: int = 2, experts: int = 4, hidden: int = 64, inter: int = 32, seed: int = 0,
+                      input_mx: bool = True) -> Path:
+    """An AMD Quark OCP MXFP4 export (quant_method "quark"): per projection Quark's MX cast downcast_to_mxfp_torch(w,
+    axis=-1, EVEN) (the rule of OCP_MXFP4Spec's scale_calculation_mode "even"); `weight` is Pack_fp4.pack of the
+    cast's FP4 element values (what the exporter's real quantizer packs: element 2j in the low nibble), `weight_scale`
+    to_e8m0_uint8 of the block scale 2^e (uint8 e + 127), as apply_export_state_dict_mappings names them. Dynamic
+    MX inputs store nothing (no input_scale)."""
+    from harness.peers.quark_adapter import _mx_module
+
+    mx = _mx_module()
+    from quark.torch.utils.numerics import to_e8m0_uint8
+    from quark.torch.utils.pack import Pack_fp4
+
+    pack = Pack_fp4("per_group", "fp4")
+    w, _ = _weights(seed, layers, experts, hidden, inter)
+    per_layer = []
+    for layer in range(layers):
+        t = {}
+        for e in range(experts):
+            for proj in _PROJ:
+                q, s = mx.downcast_to_mxfp_torch(w[layer, e, proj], torch.uint8, axis=-1,
+                                                 DEQUANT_SCALE_ROUNDING_MODE=mx.DequantScaleRoundingMode.EVEN)
+                # the cast's element values (its codes at scale 1), then the exporter's packing of them
+                values = mx.upcast_from_mxfp_torch(q, torch.full_like(s, 127), torch.float32, axis=-1)
+                t[expert_key(layer, e, proj, "weight")] = pack.pack(values, True)
+                t[expert_key(layer, e, proj, "weight_scale")] = to_e8m0_uint8(torch.exp2(s.float() - 127))
+        per_layer.append(t)
+    config = _model_config(layers, experts, hidden, inter)
+    config["quantization_config"] = quark_quantization_config(input_mx)
+    return _save(Path(root), per_layer, config, None, seed)
+
+
+# gpt-oss-20b's config.json quantization_config.modules_to_not_convert
+GPT_OSS_NOT_CONVERTED = ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]
+
+
+def write_gpt_oss_mxfp4(root, *, layers: int = 2, experts: int = 4, hidden: int = 64, inter: int = 32, seed: int = 0
+                        ) -> Path:
+    """gpt-oss's MXFP4 checkpoint layout, written from the reference's quantize_mx / pack_fp4 (transformers'
+    quantize_to_mxfp4 needs the triton_kernels hub: no CPU path): per layer gate_up_proj_{blocks,scales,bias}
+    [E, 2I, H/32, 16] / [E, 2I, H/32] / [E, 2I] with gate row j at 2j and up row j at 2j + 1, down_proj_* [E, H,
+    I/32, 16] / [E, H, I/32] / [E, H], bf16 biases, plus the router (weight and bias) gpt-oss keeps in bf16, and a
+    GptOssConfig-like config.json with quantization_config {"quant_method": "mxfp4", "modules_to_not_convert"}."""
+    from reference.formats import E2M1
+    from reference.mx import quantize_mx
+    from reference.packing import pack_fp4
+
+    w, _ = _weights(seed, layers, experts, hidden, inter)
+    g = torch.Generator().manual_seed(seed + 2)
+
+    def blocks_and_scales(x: torch.Tensor):
+        q = quantize_mx(x.float(), E2M1, axis=-1)
+        e, n, k = x.shape
+        return pack_fp4(q.codes).reshape(e, n, k // 32, 16), q.scales
+
+    per_layer = []
+    for layer in range(layers):
+        gate = torch.stack([w[layer, e, "gate_proj"] for e in range(experts)])
+        up = torch.stack([w[layer, e, "up_proj"] for e in range(experts)])
+        gate_up = torch.stack([gate, up], dim=2).flatten(1, 2)  # [E, 2I, H], rows gate0, up0, gate1, up1, ...
+        down = torch.stack([w[layer, e, "down_proj"] for e in range(experts)])
+        t = {}
+        for name, x, n in (("gate_up_proj", gate_up, 2 * inter), ("down_proj", down, hidden)):
+            blocks, scales = blocks_and_scales(x)
+            t[f"model.layers.{layer}.mlp.experts.{name}_blocks"] = blocks
+            t[f"model.layers.{layer}.mlp.experts.{name}_scales"] = scales
+            t[f"model.layers.{layer}.mlp.experts.{name}_bias"] = torch.randn(experts, n, generator=g).to(torch.bfloat16)
+        t[f"model.layers.{layer}.mlp.router.weight"] = torch.randn(experts, hidden, generator=g).to(torch.bfloat16)
+        t[f"model.layers.{layer}.mlp.router.bias"] = torch.randn(experts, generator=g).to(torch.bfloat16)
+        per_layer.append(t)
+    config = {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "hidden_size": hidden,
+              "intermediate_size": inter, "num_local_experts": experts, "num_experts_per_tok": 2,
+              "experts_per_token": 2, "num_hidden_layers": layers, "swiglu_limit": 7.0, "torch_dtype": "bfloat16",
+              "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": GPT_OSS_NOT_CONVERTED}}
+    return _save(Path(root), per_layer, config, None, seed, qwen_router=False)
