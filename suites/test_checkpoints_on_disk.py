@@ -612,14 +612,48 @@ def test_the_conformance_cases_run_on_a_layer_written_by_each_tool(made, tool, s
     name, writer, kwargs, needs = writers[tool]
     if needs.args[0]:  # the producer is not installed
         pytest.skip(needs.kwargs["reason"])
-    proc = _pytest_on(made(name, writer, **kwargs), "-rA")
-    tail = proc.stdout[-3000:] + proc.stderr[-2000:]
-    assert proc.returncode == 0, tail
-    ran = [line for line in proc.stdout.splitlines() if line.startswith("PASSED")]
-    assert ran and all(f"[{scheme}/{act}/" in line for line in ran), tail
-    backends = {line.split("/")[3] for line in ran}
-    assert expected - {"vllm_fused_moe@0.33.0"} <= backends, tail
-    assert "FAILED" not in proc.stdout, tail
+    root = made(name, writer, **kwargs)
+    if tool == "compressed-tensors NVFP4":  # the command line itself, once (a subprocess: ~6 s)
+        proc = _pytest_on(root, "-rA")
+        tail = proc.stdout[-3000:] + proc.stderr[-2000:]
+        assert proc.returncode == 0 and "FAILED" not in proc.stdout, tail
+        ran = [line for line in proc.stdout.splitlines() if line.startswith("PASSED")]
+        assert ran and all(f"[{scheme}/{act}/" in line for line in ran), tail
+        assert expected - {"vllm_fused_moe@0.33.0"} <= {line.split("/")[3] for line in ran}, tail
+        return
+    # the others in this process, through what --checkpoint sets up (use_checkpoint): the same cases and verdicts
+    verdicts = _cases_on(load_moe_layer(root, LAYER), f"{tool} layer {LAYER}")
+    assert verdicts and {case.split("/")[:2] == [scheme, act] for case in verdicts} == {True}, verdicts
+    assert expected - {"vllm_fused_moe@0.33.0"} <= {case.split("/")[2] for case in verdicts}, verdicts
+    assert all(v == "passed" for v in verdicts.values()), verdicts
+
+
+def _cases_on(ckpt, source: str) -> dict[str, str]:
+    """{case id: "passed" | message} of every CPU conformance case on a given checkpoint, as test_conformance runs
+    them under --checkpoint (harness.core.conformance.use_checkpoint), in this process; restored after."""
+    from harness.backends import Declined, known_failure_for, registered_backends
+    from harness.core.conformance import (case_problem, conformance_cases, conformance_shape, run_case,
+                                          runs_with_bias, use_checkpoint)
+    from harness.platforms import PLATFORMS
+
+    cpu, backends, out = PLATFORMS["cpu"], registered_backends(), {}
+    use_checkpoint(ckpt, source)
+    try:
+        for case, reason in conformance_cases(backends, platforms=[cpu], host=cpu):
+            if reason is not None:
+                continue
+            backend = backends[case.backend_name]
+            problem, _, _ = case_problem(backend, case.scheme, case.activation, cpu, conformance_shape(cpu))
+            if known_failure_for(backend, case.scheme.name, runs_with_bias(problem)):
+                continue
+            try:
+                r = run_case(backend, case, conformance_shape(cpu))
+            except Declined:
+                continue
+            out[case.id] = "passed" if r.ok else r.message()
+    finally:
+        use_checkpoint(None)
+    return out
 
 
 @needs_modelopt
