@@ -77,8 +77,8 @@ def pytest_addoption(parser):
                          "and sizes; inputs still drawn")
     group.addoption("--layer", type=int, default=0, metavar="N", help="with --checkpoint: the decoder layer (default 0)")
     group.addoption("--activation", default=None, metavar="NAME",
-                    help="with --checkpoint: the MoE activation (default: SWIGLUOAI for gpt-oss's layout, else SILU; "
-                         "the other configs do not say)")
+                    help="with --checkpoint: the MoE activation (default: config.json's hidden_act; SWIGLUOAI for "
+                         "gpt-oss's layout; else SILU)")
     group.addoption("--repro", default=None, metavar="DIR",
                     help="for each failing conformance case write DIR/<case>/case.pt and repro.py, shrunk to the "
                          "fewest tokens and experts that still fail")

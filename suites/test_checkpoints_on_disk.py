@@ -664,3 +664,22 @@ def test_a_layer_whose_convention_is_mislabelled_is_refused_naming_it(made, tmp_
     root = _relabelled_as_modelopt(made("ct_nvfp4_True", write_ct_nvfp4, input_scales=True), tmp_path / "m")
     proc = _pytest_on(root)
     assert proc.returncode == 4 and "global scale direction" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+
+
+@needs_ct
+def test_the_activation_is_config_jsons_hidden_act_unless_given(made, tmp_path):
+    """hidden_act "silu" (what the writers put, as Qwen3-MoE does) -> SILU; "gelu_pytorch_tanh" -> GELU_TANH; an
+    activation the reference has no MoE form of is refused naming hidden_act; an explicit activation wins."""
+    src = made("ct_nvfp4_True", write_ct_nvfp4, input_scales=True)
+    assert load_moe_layer(src, LAYER).activation.name == "SILU"
+    for hidden_act, expected in (("gelu_pytorch_tanh", "GELU_TANH"), ("xielu", None)):
+        root = tmp_path / hidden_act
+        shutil.copytree(src, root)
+        config = json.loads((root / "config.json").read_text())
+        (root / "config.json").write_text(json.dumps({**config, "hidden_act": hidden_act}))
+        if expected is None:
+            with pytest.raises(ValueError, match=r"hidden_act 'xielu' has no reference MoE activation"):
+                load_moe_layer(root, LAYER)
+            assert load_moe_layer(root, LAYER, activation="GELU").activation.name == "GELU"
+        else:
+            assert load_moe_layer(root, LAYER).activation.name == expected

@@ -200,6 +200,28 @@ def _quark_mxfp4(with_inputs: bool) -> _Layout:
 # ---- the config: which layout the files are in ---------------------------------------------------------------
 
 
+# config.json's hidden_act (Hugging Face's activation names) -> the reference's gated MoE activation. gelu_new and
+# gelu_pytorch_tanh are both the tanh approximation; "gelu" is erf's
+_HF_ACTIVATIONS = {"silu": "SILU", "swish": "SILU", "gelu": "GELU", "gelu_new": "GELU_TANH",
+                   "gelu_pytorch_tanh": "GELU_TANH"}
+
+
+def _config_activation(config: dict | None, root: Path) -> str | None:
+    """The MoE activation config.json names (hidden_act, or text_config.hidden_act for multimodal configs), None
+    when it names none; one it names that the reference has no gated form of is refused, naming it."""
+    if config is None:
+        return None
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    name = config.get("hidden_act", text.get("hidden_act"))
+    if name is None:
+        return None
+    if name not in _HF_ACTIVATIONS:
+        raise ValueError(f"{root / 'config.json'}: hidden_act {name!r} has no reference MoE activation (known: "
+                         f"{', '.join(f'{k} -> {v}' for k, v in _HF_ACTIVATIONS.items())}); pass the activation "
+                         "explicitly (pytest --activation NAME)")
+    return _HF_ACTIVATIONS[name]
+
+
 def _read_json(path: Path) -> dict | None:
     if not path.is_file():
         return None
@@ -551,8 +573,9 @@ def _check_fields(shards: _Shards, prefix: str, projections: tuple[str, ...], la
 def load_moe_layer(path, layer: int, scheme: str | None = None, activation: str | Activation | None = None
                    ) -> MoECheckpoint:
     """The MoE layer `layer` of the checkpoint directory `path` as a reference MoECheckpoint (layouts: module
-    docstring). scheme, if given, must be the one the files hold; activation defaults to SILU (the per-expert
-    layouts do not say), SWIGLUOAI for gpt-oss's fused layout (gpt-oss's own activation). Every mismatch is a
+    docstring). scheme, if given, must be the one the files hold; activation, if not given, is config.json's
+    hidden_act (silu -> SILU, gelu -> GELU, gelu_pytorch_tanh / gelu_new -> GELU_TANH), else SILU; SWIGLUOAI for
+    gpt-oss's fused layout (gpt-oss's own activation). Every mismatch is a
     ValueError naming the tensor key or config field and what was expected."""
     root = Path(path)
     if not root.is_dir():
@@ -568,7 +591,8 @@ def load_moe_layer(path, layer: int, scheme: str | None = None, activation: str 
             raise ValueError(f"{root}: hf_quant_config.json says ModelOpt, config.json's quantization_config says "
                              f"quant_method 'mxfp4' (gpt-oss): which producer wrote these tensors is ambiguous")
         return _load_gpt_oss(root, shards, layer, prefix, scheme, activation, config)
-    act = activation if isinstance(activation, Activation) else activation_by_name(activation or "SILU")
+    act = activation if isinstance(activation, Activation) else activation_by_name(
+        activation or _config_activation(config, root) or "SILU")
     experts = _expert_ids(shards, prefix, layer)
     projections = ("gate_proj", "up_proj", "down_proj") if act.gated else ("up_proj", "down_proj")
     modules = [f"{prefix}{e}.{p}" for e in experts for p in projections]

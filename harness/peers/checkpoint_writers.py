@@ -50,8 +50,8 @@ def _weights(seed: int, layers: int, experts: int, hidden: int, inter: int):
 
 
 def _model_config(layers: int, experts: int, hidden: int, inter: int) -> dict:
-    return {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": hidden,
-            "moe_intermediate_size": inter, "num_experts": experts, "num_experts_per_tok": 2,
+    return {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_act": "silu",
+            "hidden_size": hidden, "moe_intermediate_size": inter, "num_experts": experts, "num_experts_per_tok": 2,
             "num_hidden_layers": layers, "torch_dtype": "bfloat16"}
 
 
