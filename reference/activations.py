@@ -21,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 import torch
 
+from .formats import true_divide
+
 __all__ = ["Activation", "ACTIVATIONS", "activation_by_name", "apply_activation", "gate_and_up"]
 
 
@@ -80,7 +82,7 @@ class Activation:
         if f == "SWIGLUSTEP":
             return _silu(g)
         if f == "SITU":
-            return self.beta * torch.tanh(g / self.beta) * torch.sigmoid(g)
+            return self.beta * torch.tanh(true_divide(g, self.beta)) * torch.sigmoid(g)
         raise ValueError(f"unknown activation formula {f!r}")
 
     @property
@@ -137,7 +139,7 @@ def gate_and_up(x: torch.Tensor, act: Activation) -> tuple[torch.Tensor, torch.T
     if f == "SWIGLUSTEP":
         return torch.clamp(act.gate(g), max=act.limit), torch.clamp(u, -act.limit, act.limit)
     if f == "SITU" and act.beta_lin > 0:
-        u = act.beta_lin * torch.tanh(u / act.beta_lin)
+        u = act.beta_lin * torch.tanh(true_divide(u, act.beta_lin))
     return act.gate(g), u
 
 

@@ -153,9 +153,9 @@ def _quantize_weight(w: torch.Tensor, wq: WeightQuant | None, convention: str, f
 def _dummy_weight(g: torch.Generator, e: int, n: int, k: int, outliers: int, outlier_scale: float) -> torch.Tensor:
     """Gaussian weights scaled by 1/sqrt(k), with a few input channels per expert `outlier_scale` times
     larger (the outlier channels that make per-block scales matter), rounded to bf16 as a checkpoint is."""
-    w = torch.randn(e, n, k, generator=g) / k**0.5
+    w = torch.randn(e, n, k, generator=g, device="cpu") / k**0.5
     for i in range(e):
-        cols = torch.randperm(k, generator=g)[:outliers]
+        cols = torch.randperm(k, generator=g, device="cpu")[:outliers]
         w[i, :, cols] *= outlier_scale
     return w.to(torch.bfloat16).float()
 
@@ -176,6 +176,7 @@ def make_checkpoint(
     calibration_tokens: int = 32,
     bias_scale: float = 1.0,
     distinct_experts: int | None = None,
+    device: torch.device | str | None = None,
 ) -> MoECheckpoint:
     """A quantized MoE checkpoint from random bf16 weights with outlier channels.
 
@@ -185,7 +186,20 @@ def make_checkpoint(
 
     distinct_experts: quantize only this many experts from random weights and derive the others from them
     (_derived_experts: output rows rolled by whole scale blocks), so that a real model's expert count (384 at
-    H 7168) costs a few experts' quantization; every expert still differs from every other."""
+    H 7168) costs a few experts' quantization; every expert still differs from every other.
+
+    device: where the checkpoint is built and lives (default the CPU). The random draws are the CPU generator's
+    either way (the same weights on any device); quantization, derivation and calibration run on `device`."""
+    dev = torch.device("cpu" if device is None else device)
+    with torch.device(dev):
+        return _make_checkpoint(scheme, activation, num_experts, hidden_size, intermediate_size, seed, with_bias,
+                                nvfp4_global_convention, fp8_format, outlier_channels, outlier_scale,
+                                calibration_tokens, bias_scale, distinct_experts, dev)
+
+
+def _make_checkpoint(scheme, activation, num_experts, hidden_size, intermediate_size, seed, with_bias,
+                     nvfp4_global_convention, fp8_format, outlier_channels, outlier_scale, calibration_tokens,
+                     bias_scale, distinct_experts, dev: torch.device) -> MoECheckpoint:
     scheme = scheme_by_name(scheme)
     activation = activation_by_name(activation) if isinstance(activation, str) else activation
     if nvfp4_global_convention not in NVFP4_CONVENTIONS:
@@ -209,14 +223,15 @@ def make_checkpoint(
                                          or distinct_experts <= 0):
         raise ValueError(f"distinct_experts must be a positive int or None, got {distinct_experts!r}")
     base = num_experts if distinct_experts is None else min(distinct_experts, num_experts)
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator(device="cpu").manual_seed(seed)
     n13 = 2 * intermediate_size if activation.gated else intermediate_size
-    w13 = _dummy_weight(g, base, n13, hidden_size, outlier_channels, outlier_scale)
-    w2 = _dummy_weight(g, base, hidden_size, intermediate_size, outlier_channels, outlier_scale)
+    cpu = torch.device("cpu")  # the generator's draws, then moved
+    w13 = _dummy_weight(g, base, n13, hidden_size, outlier_channels, outlier_scale).to(dev)
+    w2 = _dummy_weight(g, base, hidden_size, intermediate_size, outlier_channels, outlier_scale).to(dev)
     # biases on the scale of the GEMM outputs they join (gpt-oss's are not small next to them): a bias
     # applied in the wrong place moves most outputs, not a few
-    b13 = torch.randn(base, n13, generator=g) * bias_scale if with_bias else None
-    b2 = torch.randn(base, hidden_size, generator=g) * bias_scale if with_bias else None
+    b13 = torch.randn(base, n13, generator=g, device=cpu).to(dev) * bias_scale if with_bias else None
+    b2 = torch.randn(base, hidden_size, generator=g, device=cpu).to(dev) * bias_scale if with_bias else None
     q13 = _quantize_weight(w13, scheme.weight, nvfp4_global_convention, fp8_format)
     q2 = _quantize_weight(w2, scheme.weight, nvfp4_global_convention, fp8_format)
     if base < num_experts:
@@ -235,8 +250,8 @@ def make_checkpoint(
     )
     if not scheme.needs_input_scales:
         return ckpt
-    x_cal = torch.randn(calibration_tokens, hidden_size, generator=g).to(torch.bfloat16).float()
-    jitter = 0.75 + 0.5 * torch.rand(num_experts, generator=g)
+    x_cal = torch.randn(calibration_tokens, hidden_size, generator=g, device=cpu).to(torch.bfloat16).float().to(dev)
+    jitter = 0.75 + 0.5 * torch.rand(num_experts, generator=g, device=cpu).to(dev)
     a1_amax = x_cal.abs().amax() * jitter
     # a derived expert's GEMM1 outputs are its base's, permuted (and so are their amax)
     of_base = torch.arange(num_experts) % base

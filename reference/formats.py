@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 __all__ = [
+    "true_divide",
     "Specials",
     "Overflow",
     "FloatFormat",
@@ -267,6 +268,16 @@ def floor_log2(x: torch.Tensor) -> torch.Tensor:
 def exp2_int(e: torch.Tensor) -> torch.Tensor:
     """2**e as fp32 for integer e in [-126, 127], built from the exponent bits (exact)."""
     return ((e.to(torch.int32) + 127) << 23).view(torch.float32)
+
+
+def true_divide(a: torch.Tensor, b) -> torch.Tensor:
+    """fl(a / b), correctly rounded on every device. PyTorch's CUDA division by a CPU scalar (a Python number or a
+    0-dim CPU tensor) multiplies by fl(1 / b) instead, which is an ulp off fl(a / b) for some a: FP8 scales
+    amax / 448 and NVFP4's amax / 6 then differ between a reference run on the CPU and one on a GPU (seen on the
+    H200: results/gpu-issue24/run-10). The divisor goes to a's device as a tensor, where division is IEEE's."""
+    if isinstance(b, torch.Tensor) and b.device == a.device:
+        return a / b
+    return a / torch.as_tensor(b, dtype=a.dtype if a.is_floating_point() else None, device=a.device)
 
 
 def ldexp_exact(x: torch.Tensor, k: torch.Tensor) -> torch.Tensor:

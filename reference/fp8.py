@@ -20,7 +20,7 @@ from typing import NamedTuple
 import torch
 
 from .formats import E4M3FN, E4M3FNUZ, E5M2, FloatFormat, Overflow, check_codes, check_float_input, check_int, decode
-from .formats import check_output_dtype, encode_finite
+from .formats import check_output_dtype, encode_finite, true_divide
 
 __all__ = [
     "FP8_FORMATS",
@@ -114,7 +114,7 @@ def fp8_dynamic_scale(
     if x.numel() == 0:
         return torch.ones(_scale_shape(x.shape, granularity, bm, bk))
     amax = _groups(x.float(), bm, bk).abs().amax(dim=(-2, -1))
-    return torch.clamp_min(amax / fmax, 1.0 / (fmax * _MIN_SCALE_DIVISOR))
+    return torch.clamp_min(true_divide(amax, fmax), 1.0 / (fmax * _MIN_SCALE_DIVISOR))
 
 
 _MIN_NORMAL_FP32 = 2.0**-126

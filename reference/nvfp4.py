@@ -40,6 +40,7 @@ from .formats import (
     decode,
     encode_finite,
     round_to_format_grid,
+    true_divide,
 )
 
 __all__ = [
@@ -151,10 +152,10 @@ def nvfp4_block_scale_codes(
     COMPRESSED_TENSORS, whose tiny blocks (code 0) store 0x20."""
     if variant is NVFP4Variant.MODELOPT:
         s_dec = 1.0 / global_encode_scale if global_decode_scale is None else global_decode_scale
-        block = amax_block.float() / (_E2M1_MAX * s_dec)
+        block = true_divide(amax_block.float(), _E2M1_MAX * s_dec)
         block = torch.where(block == 0, 1.0, block).clamp(E4M3FN.min_subnormal, _E4M3_MAX)
         return encode_finite(block, E4M3FN, Overflow.SATURATE)
-    block = (amax_block.float() / _E2M1_MAX) * global_encode_scale
+    block = true_divide(amax_block.float(), _E2M1_MAX) * global_encode_scale
     if variant is NVFP4Variant.TORCHAO:
         block = block.clamp_min(E4M3FN.min_normal)
     codes = encode_finite(block, E4M3FN, Overflow.SATURATE)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .formats import FloatFormat
+from .formats import FloatFormat, true_divide
 from .fp8 import _MIN_SCALE_DIVISOR, Granularity, ScaleApply, dequantize_fp8, qdq_fp8, quantize_fp8
 from .mx import ScaleMode, dequantize_mx, mx_shared_exponent, qdq_mx, quantize_mx
 from .nvfp4 import (dequantize_nvfp4, nvfp4_block_scale_codes, nvfp4_global_encode_scale, qdq_nvfp4,
@@ -207,7 +207,7 @@ class _NVFP4(QuantizerKind):
         return nvfp4_decode_scale(stored, convention)
 
     def calibrated_input_scale(self, amax, convention, fp8_format):
-        return (amax / _NVFP4_AMAX_DIVISOR).float() if convention == "decode" else nvfp4_global_encode_scale(amax)
+        return true_divide(amax, _NVFP4_AMAX_DIVISOR).float() if convention == "decode" else nvfp4_global_encode_scale(amax)
 
     def requantization_candidates(self, q, lo, hi, mag_lo, mag_hi, fp8_format, static_scale, scale_apply):
         s_enc = 1.0 / static_scale
@@ -273,7 +273,7 @@ class _FP8(QuantizerKind):
         return qdq_fp8(x, fp8_format, granularity=q.granularity, block_shape=q.block_shape)
 
     def calibrated_input_scale(self, amax, convention, fp8_format):
-        return (amax / fp8_format.max_normal).float()
+        return true_divide(amax, fp8_format.max_normal).float()
 
     def act_scale_group(self, q) -> int | None:
         if q.static:
@@ -289,8 +289,8 @@ class _FP8(QuantizerKind):
             raise NotImplementedError(f"requantization candidates for {self.act_label(q)}")
         bk = q.block_shape[1]
         floor = torch.tensor(1.0 / (fmax * _MIN_SCALE_DIVISOR), dtype=torch.float32)
-        s_lo = torch.clamp_min(_block_amax(mag_lo, bk) / fmax, floor)
-        s_hi = torch.clamp_min(_block_amax(mag_hi, bk) / fmax, floor)
+        s_lo = torch.clamp_min(true_divide(_block_amax(mag_lo, bk), fmax), floor)
+        s_hi = torch.clamp_min(true_divide(_block_amax(mag_hi, bk), fmax), floor)
         kw = dict(granularity=q.granularity, block_shape=q.block_shape)
         qd = {(v, s): qdq_fp8(x, fp8_format, scale=sc, **kw)
               for v, x in (("lo", lo), ("hi", hi)) for s, sc in (("slo", s_lo), ("shi", s_hi))}

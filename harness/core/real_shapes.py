@@ -33,7 +33,7 @@ from harness.inputs.model_shapes import MODEL_LAYERS, ModelLayer
 from harness.platforms import Platform
 
 __all__ = ["MODEL_SHAPE_TOKENS", "ModelShareRun", "model_share_cases", "run_model_share", "case_memory_budget",
-           "reference_bytes", "share_bytes", "gpu_case_slot"]
+           "reference_bytes", "share_bytes", "gpu_case_slot", "share_checkpoint", "share_reference"]
 
 MODEL_SHAPE_TOKENS = (1, 8, 64)
 DISTINCT_EXPERTS = 8  # experts quantized from random weights; the rest derived (make_checkpoint's distinct_experts)
@@ -118,6 +118,25 @@ def gpu_case_slot(device, need_bytes: int, folder: str | None = None, slots: int
         time.sleep(pause.uniform(0.05, 0.5))
 
 
+def share_checkpoint(share: str, scheme: str, activation, device, seed: int = 0):
+    """The share's checkpoint with biases (DISTINCT_EXPERTS quantized from random weights, the rest derived), on
+    `device`. A backend that takes no biases gets it without them (`dataclasses.replace(ckpt, b13=None, b2=None)`:
+    its static input scales were calibrated with them, still a valid checkpoint)."""
+    layer, tp = share_by_name(share)
+    return make_checkpoint(scheme, activation, layer.num_experts, layer.hidden_size, layer.intermediate_size // tp,
+                           seed=seed, with_bias=True, distinct_experts=DISTINCT_EXPERTS).to(device)
+
+
+def share_reference(backend, shape: Shape, ckpt, device, seed: int = 0):
+    """(inputs on the host, reference output, trace) of one case for `backend`'s structure, in float64 on
+    `device`."""
+    inputs = case_inputs(shape, seed)
+    with torch.device(device):
+        on = [t.to(device) for t in inputs]
+        out, trace = fused_moe(on[0], ckpt, on[1], on[2], structure=backend_structure(backend), trace=True)
+    return inputs, out, trace
+
+
 @dataclass
 class ModelShareRun:
     """One (share, tokens, scheme, backend) of a real-shape run: its comparison, or why it did not run."""
@@ -159,9 +178,7 @@ def run_model_share(backends: dict, share: str, scheme: str, host: Platform, dev
         # static input scales were calibrated with them: still a valid checkpoint). Building is the test's largest
         # host cost (Mixtral TP 8 FP8: 13 s on one core), so never twice
         if not built:
-            built.append(make_checkpoint(scheme, act, layer.num_experts, layer.hidden_size,
-                                         layer.intermediate_size // tp, seed=seed, with_bias=True,
-                                         distinct_experts=DISTINCT_EXPERTS).to(device))
+            built.append(share_checkpoint(share, scheme, act, device, seed))
         return built[0] if has_bias else dataclasses.replace(built[0], b13=None, b2=None)
 
     for n in tokens:
@@ -196,11 +213,7 @@ def run_model_share(backends: dict, share: str, scheme: str, host: Platform, dev
                 continue
             if key not in reference:
                 reference.clear()  # one reference (and its float64 trace) at a time
-                inputs = case_inputs(bshape, seed)
-                with torch.device(device):
-                    on = [t.to(device) for t in inputs]
-                    out, trace = fused_moe(on[0], ckpt, on[1], on[2], structure=backend_structure(backend), trace=True)
-                reference[key] = inputs, out, trace
+                reference[key] = share_reference(backend, bshape, ckpt, device, seed)
             inputs, out, trace = reference[key]
             run = ModelShareRun(case, scheme, name, known_failure=known_failure_for(backend, scheme, key[2]))
             try:

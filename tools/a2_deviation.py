@@ -1,0 +1,156 @@
+"""Where a fused-MoE backend that quantizes GEMM2's input in its own launch departs from the reference at a real
+model share, stage by stage: its GEMM1 + activation output y, its re-quantized GEMM2 input a2 (dequantized values)
+and its GEMM2 output z, each against the reference trace of the same case (harness.core.real_shapes); then, at
+the worst output elements, how much of the output's difference the a2 deviation explains, split by the
+activation's scale groups (same sign in most groups = a correlated deviation, which the bound's per-group
+independence does not model).
+
+For backends with triton_emulation's host structure (`_quantize_activation(y, ...)` returning the GEMM2 operand
+values and their group scales, `_gemm(prepared, "w2", a2, mode, scale, z, ...)` writing z): triton_emulation and
+the backends built on it.
+
+    python tools/a2_deviation.py --share qwen3-30b-a3b --scheme w_fp8_a_fp8_block --tokens 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from harness.backends import backend_bound_declarations, backend_structure, load_backend  # noqa: E402
+from harness.core.conformance import Shape, backend_shape, case_problem  # noqa: E402
+from harness.core.real_shapes import share_by_name, share_checkpoint, share_reference  # noqa: E402
+from harness.core.tolerances import moe_error_bound  # noqa: E402
+from harness.platforms import default_device, detect_platform  # noqa: E402
+from reference.activations import ACTIVATIONS  # noqa: E402
+from reference.moe import activation_qdq, static_activation_scales  # noqa: E402
+from reference.schemes import SCHEMES  # noqa: E402
+
+
+def _captured_forward(backend, prepared, inputs, device):
+    """Run the backend, keeping y (GEMM2's input before quantization), the GEMM2 operand values and scales, z."""
+    seen = {}
+    quantize, gemm = backend._quantize_activation, backend._gemm
+
+    def quantize_spy(x2, *args, **kwargs):
+        values, mode, scale = quantize(x2, *args, **kwargs)
+        seen.setdefault("calls", []).append((x2.clone(), values.clone(), mode, scale.clone()))
+        return values, mode, scale
+
+    def gemm_spy(prepared_, which, *args, **kwargs):
+        result = gemm(prepared_, which, *args, **kwargs)
+        if which == "w2":
+            seen["z"] = args[3].clone()
+        return result
+
+    backend._quantize_activation, backend._gemm = quantize_spy, gemm_spy
+    try:
+        out = backend.forward(prepared, *(t.to(device) for t in inputs))
+    finally:
+        del backend._quantize_activation, backend._gemm
+    (_, _, _, _), (y, a2_values, a2_mode, a2_scale) = seen["calls"]
+    return out, y, a2_values, a2_mode, a2_scale, seen["z"]
+
+
+def _bf16_ulp(x: torch.Tensor) -> torch.Tensor:
+    return torch.where(x == 0, torch.full_like(x, 2.0**-133), (x.abs().log2().floor() - 7).exp2())
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--backend", default="triton_emulation")
+    p.add_argument("--share", default="qwen3-30b-a3b", help="model or model/tpN")
+    p.add_argument("--scheme", default="w_fp8_a_fp8_block", choices=list(SCHEMES))
+    p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--worst", type=int, default=5, help="output elements to break down")
+    args = p.parse_args(argv)
+
+    host, device = detect_platform(), default_device()
+    backend = load_backend(args.backend)
+    layer, tp = share_by_name(args.share)
+    act = ACTIVATIONS[layer.activation]
+    shape = Shape(*layer.shape(tp, args.tokens))
+    problem, ok, reason = case_problem(backend, SCHEMES[args.scheme], act, host, shape)
+    if not ok:
+        print(f"{args.backend} does not run this case: {reason}")
+        return 2
+    ckpt = share_checkpoint(args.share, args.scheme, act, device, args.seed)
+    if not problem.has_bias:
+        ckpt = dataclasses.replace(ckpt, b13=None, b2=None)
+    inputs, out, trace = share_reference(backend, backend_shape(backend, shape), ckpt, device, args.seed)
+    prepared = backend.prepare(ckpt)
+    got, y, a2v, a2_mode, a2_scale, z = _captured_forward(backend, prepared, inputs, device)
+    with torch.device(out.device):
+        bound = moe_error_bound(trace, ckpt, **backend_bound_declarations(backend, args.scheme)).bound
+    dev = trace.y.device
+    y, a2v, a2_scale, z, got = (t.to(dev).double() for t in (y, a2v, a2_scale, z, got))
+    isz = y.shape[1]
+    # the kernel's GEMM2 input as numbers: operand values times their scales (mode 2: one scale per 1 x group)
+    if a2_mode == 2:
+        group = isz // a2_scale.shape[1]
+        a2 = a2v * a2_scale.repeat_interleave(group, dim=1)
+    elif a2_mode == 1:
+        group, a2 = None, a2v * a2_scale.reshape(())
+    else:
+        group, a2 = None, a2v
+    print(f"{args.backend} at {args.share} T{args.tokens} {args.scheme} ({layer.activation}, structure "
+          f"{backend_structure(backend).name}): {trace.y.shape[0]} pairs, I {isz}, H {z.shape[1]}, a2 group {group}")
+
+    def stage(name, kern, ref):
+        diff = (kern - ref).abs()
+        ulps = diff / _bf16_ulp(ref)
+        print(f"  {name}: {int((diff > 0).sum())} of {diff.numel()} elements differ "
+              f"({float((diff > 0).double().mean()):.2%}); max {float(ulps.max()):.3g} bf16 ulp, "
+              f"mean |diff| {float(diff.mean()):.3g}")
+        return diff
+
+    stage("y  (GEMM1 + activation, bf16)", y, trace.y)
+    da2 = stage("a2 (re-quantized GEMM2 input)", a2, trace.a2)
+    # is the quantizer exact on the kernel's own y? then every a2 difference comes from y
+    a2_from_y = activation_qdq(y.float(), ckpt.scheme.act, ckpt, static_activation_scales(ckpt)[1],
+                               backend_structure(backend).fp8_static_scale).double()
+    stage("a2 vs the reference quantizer on the kernel's y", a2, a2_from_y)
+    if group:
+        changed = (da2 > 0).reshape(da2.shape[0], -1, group)
+        print(f"  groups with any a2 change: {int(changed.any(-1).sum())} of {changed.shape[0] * changed.shape[1]}; "
+              f"changed codes per such group: mean {float(changed.sum(-1)[changed.any(-1)].double().mean()):.2f}, "
+              f"max {int(changed.sum(-1).max())}")
+    stage("z  (GEMM2 output)", z, trace.z)
+    dout = stage("out", got, trace.out)
+    ratio = dout / bound
+    print(f"  out / bound: max {float(ratio.max()):.3f}, elements past it {int((ratio > 1).sum())}")
+
+    hsz = z.shape[1]
+    k = trace.top_k
+    for flat in ratio.flatten().topk(min(args.worst, ratio.numel())).indices.tolist():
+        t, c = divmod(flat, hsz)
+        print(f"\n  out[{t}, {c}]: reference {float(trace.out[t, c]):.6g}, kernel {float(got[t, c]):.6g}, "
+              f"bound {float(bound[t, c]):.4g} ({float(ratio[t, c]):.2f}x)")
+        for j in range(k):
+            pair = t * k + j
+            e = int(trace.pair_expert[pair])
+            i = int((trace.experts == e).nonzero())
+            w2row = trace.w2[i, c]
+            dz = float(z[pair, c] - trace.z[pair, c])
+            d_a2 = (a2[pair] - trace.a2[pair])
+            explained = float(w2row @ d_a2)
+            line = (f"    k={j} expert {e} weight {float(trace.pair_weight[pair]):.3f}: z diff {dz:+.4g}, "
+                    f"a2-explained {explained:+.4g}")
+            if group:
+                per_group = (w2row * d_a2).reshape(-1, group).sum(-1)
+                nz = per_group[per_group != 0]
+                line += (f"; {nz.numel()} of {per_group.numel()} groups contribute, {int((nz > 0).sum())} +, "
+                         f"{int((nz < 0).sum())} -, largest {float(nz.abs().max()) if nz.numel() else 0:.3g}")
+            print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
