@@ -114,6 +114,8 @@ def pytest_configure(config):
 
     for p in PLATFORMS.values():  # markers come from the platform data: a new platform is one record
         config.addinivalue_line("markers", f"{p.name}: must hold on {p.description}")
+    config.addinivalue_line("markers", "gpu_queue: waits for a place on the GPU (harness.core.real_shapes."
+                            "gpu_case_slot); scheduled after every other test, so that its wait holds no worker")
 
     timeout = config.getoption("--case-timeout")
     if timeout is not None:  # the environment carries it to xdist workers
@@ -182,8 +184,10 @@ def pytest_collection_modifyitems(config, items):
             for m in PLATFORMS:  # platform-independent: must hold everywhere
                 item.add_marker(getattr(pytest.mark, m))
     # Hypothesis properties first: under xdist they are a run's longest tests (100 examples each on a nightly
-    # leg), so they start at once, side by side, and the short cases fill the workers around them
-    items.sort(key=lambda item: not getattr(getattr(item, "obj", None), "is_hypothesis_test", False))
+    # leg), so they start at once, side by side, and the short cases fill the workers around them. Tests that
+    # queue for the GPU last: a worker waiting in that queue could otherwise have run the short cases
+    items.sort(key=lambda item: (2 if item.get_closest_marker("gpu_queue") else
+                                 0 if getattr(getattr(item, "obj", None), "is_hypothesis_test", False) else 1))
 
 
 @pytest.fixture(scope="session")

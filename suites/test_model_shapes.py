@@ -15,6 +15,7 @@ from harness.core.real_shapes import gpu_case_slot, model_share_cases, run_model
 from harness.platforms import default_device, detect_platform
 
 
+@pytest.mark.gpu_queue
 def test_model_shape(model_share, backends, record_property):
     share, scheme = model_share
     host = detect_platform()
@@ -89,21 +90,23 @@ def test_ci_cases_cover_every_model_share_and_each_released_scheme():
 
 
 def test_gpu_case_slots_are_held_across_processes_and_released(tmp_path):
-    """The slots are file locks that other pytest-xdist workers (processes) see, taken all at once by size and
-    released on exit, also on error."""
+    """The slots are file locks that other pytest-xdist workers (processes) see, taken all at once by size with one
+    runner place (at most `at_once` tests on a GPU), released on exit, also on error."""
     import subprocess
     import sys
 
-    def others_can_take(n: int) -> bool:  # another process tries slot n
+    def others_can_take(name: str) -> bool:  # another process tries that lock file
         probe = ("import fcntl, sys; f = open(sys.argv[1], 'w')\n"
                  "try: fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\nexcept BlockingIOError: sys.exit(3)")
-        return subprocess.run([sys.executable, "-c", probe, str(tmp_path / f"slot-{n}")]).returncode == 0
+        return subprocess.run([sys.executable, "-c", probe, str(tmp_path / name)]).returncode == 0
 
     gb = 2**30
-    with gpu_case_slot("cpu", 9 * gb, folder=str(tmp_path), slots=4) as taken:  # 9 GB: three 4 GB slots
-        assert taken == 3 and not any(others_can_take(n) for n in range(3)) and others_can_take(3)
-    assert all(others_can_take(n) for n in range(4))
-    with pytest.raises(RuntimeError), gpu_case_slot("cpu", 100 * gb, folder=str(tmp_path), slots=4) as taken:
+    slots = [f"slot-{n}" for n in range(4)]
+    with gpu_case_slot("cpu", 9 * gb, folder=str(tmp_path), slots=4, at_once=2) as taken:  # 9 GB: three 4 GB slots
+        assert taken == 3 and not any(others_can_take(n) for n in slots[:3]) and others_can_take(slots[3])
+        assert not others_can_take("runner-0") and others_can_take("runner-1")
+    assert all(others_can_take(n) for n in slots + ["runner-0", "runner-1"])
+    with pytest.raises(RuntimeError), gpu_case_slot("cpu", 100 * gb, folder=str(tmp_path), slots=4, at_once=1) as taken:
         assert taken == 4  # more than the GPU has: all of it
         raise RuntimeError("a failing test")
-    assert all(others_can_take(n) for n in range(4))
+    assert all(others_can_take(n) for n in slots + ["runner-0"])

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 from pathlib import Path
 
@@ -25,12 +26,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from harness.backends import backend_bound_declarations, backend_structure, load_backend  # noqa: E402
 from harness.core.conformance import Shape, backend_shape, case_problem  # noqa: E402
-from harness.core.real_shapes import share_by_name, share_checkpoint, share_reference  # noqa: E402
+from harness.core.real_shapes import DISTINCT_EXPERTS, share_by_name, share_reference  # noqa: E402
 from harness.core.tolerances import moe_error_bound  # noqa: E402
 from harness.platforms import default_device, detect_platform  # noqa: E402
 from reference.activations import ACTIVATIONS  # noqa: E402
-from reference.moe import activation_qdq, static_activation_scales  # noqa: E402
+from reference.checkpoints import make_checkpoint  # noqa: E402
+from reference.moe import activation_qdq, evaluate_activation, round_to, static_activation_scales  # noqa: E402
 from reference.schemes import SCHEMES  # noqa: E402
+from reference.structure import RouterWeight  # noqa: E402
 
 
 def _captured_forward(backend, prepared, inputs, device):
@@ -54,8 +57,15 @@ def _captured_forward(backend, prepared, inputs, device):
         out = backend.forward(prepared, *(t.to(device) for t in inputs))
     finally:
         del backend._quantize_activation, backend._gemm
-    (_, _, _, _), (y, a2_values, a2_mode, a2_scale) = seen["calls"]
-    return out, y, a2_values, a2_mode, a2_scale, seen["z"]
+    (_, a1_values, a1_mode, a1_scale), (y, a2_values, a2_mode, a2_scale) = seen["calls"]
+    return out, (a1_values, a1_mode, a1_scale), y, a2_values, a2_mode, a2_scale, seen["z"]
+
+
+def _as_numbers(values, mode, scale):
+    """A quantized activation as numbers: operand values times their scales (mode 2: one per 1 x group)."""
+    if mode == 2:
+        return values * scale.repeat_interleave(values.shape[1] // scale.shape[1], dim=1)
+    return values * scale.reshape(()) if mode == 1 else values
 
 
 def _bf16_ulp(x: torch.Tensor) -> torch.Tensor:
@@ -70,37 +80,52 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--worst", type=int, default=5, help="output elements to break down")
+    p.add_argument("--experts", type=int, help="instead of the share's")
+    p.add_argument("--hidden", type=int, help="instead of the share's")
+    p.add_argument("--intermediate", type=int, help="instead of the share's (per rank)")
+    p.add_argument("--top-k", type=int, help="instead of the model's")
+    p.add_argument("--distinct", type=int, default=DISTINCT_EXPERTS,
+                   help="experts quantized from random weights, the rest derived (make_checkpoint)")
+    p.add_argument("--tiles", type=json.loads, help='JSON merged over the backend\'s tiles, e.g. {"num_stages": 1}')
     args = p.parse_args(argv)
 
     host, device = detect_platform(), default_device()
     backend = load_backend(args.backend)
     layer, tp = share_by_name(args.share)
     act = ACTIVATIONS[layer.activation]
-    shape = Shape(*layer.shape(tp, args.tokens))
+    e, h, i, t, k = layer.shape(tp, args.tokens)
+    shape = Shape(args.experts or e, args.hidden or h, args.intermediate or i, t, args.top_k or k)
     problem, ok, reason = case_problem(backend, SCHEMES[args.scheme], act, host, shape)
     if not ok:
         print(f"{args.backend} does not run this case: {reason}")
         return 2
-    ckpt = share_checkpoint(args.share, args.scheme, act, device, args.seed)
+    ckpt = make_checkpoint(args.scheme, act, shape.num_experts, shape.hidden_size, shape.intermediate_size,
+                           seed=args.seed, with_bias=True, distinct_experts=args.distinct).to(device)
     if not problem.has_bias:
         ckpt = dataclasses.replace(ckpt, b13=None, b2=None)
     inputs, out, trace = share_reference(backend, backend_shape(backend, shape), ckpt, device, args.seed)
+    if args.tiles:
+        wq = SCHEMES[args.scheme].weight
+        backend.tiles = dict(backend.tile_config(shape.tokens * shape.top_k, None if wq is None else wq.kind),
+                             **args.tiles)
+        print(f"tiles {backend.tiles}")
     prepared = backend.prepare(ckpt)
-    got, y, a2v, a2_mode, a2_scale, z = _captured_forward(backend, prepared, inputs, device)
     with torch.device(out.device):
         bound = moe_error_bound(trace, ckpt, **backend_bound_declarations(backend, args.scheme)).bound
+    if not hasattr(backend, "_quantize_activation"):  # no stages to look into: the output only
+        got = backend.forward(prepared, *(t.to(device) for t in inputs)).to(bound.device).double()
+        ratio = (got - trace.out).abs() / bound
+        print(f"{args.backend} at {args.share} {shape} distinct {args.distinct} {args.scheme}: out / bound max "
+              f"{float(ratio.max()):.3f}, elements past it {int((ratio > 1).sum())}")
+        return 0
+    got, a1_parts, y, a2v, a2_mode, a2_scale, z = _captured_forward(backend, prepared, inputs, device)
     dev = trace.y.device
+    a1 = _as_numbers(*(t.to(dev).double() if torch.is_tensor(t) else t for t in a1_parts))
     y, a2v, a2_scale, z, got = (t.to(dev).double() for t in (y, a2v, a2_scale, z, got))
     isz = y.shape[1]
-    # the kernel's GEMM2 input as numbers: operand values times their scales (mode 2: one scale per 1 x group)
-    if a2_mode == 2:
-        group = isz // a2_scale.shape[1]
-        a2 = a2v * a2_scale.repeat_interleave(group, dim=1)
-    elif a2_mode == 1:
-        group, a2 = None, a2v * a2_scale.reshape(())
-    else:
-        group, a2 = None, a2v
-    print(f"{args.backend} at {args.share} T{args.tokens} {args.scheme} ({layer.activation}, structure "
+    a2 = _as_numbers(a2v, a2_mode, a2_scale)
+    group = isz // a2_scale.shape[1] if a2_mode == 2 else None
+    print(f"{args.backend} at {args.share} {shape} distinct {args.distinct} {args.scheme} ({layer.activation}, structure "
           f"{backend_structure(backend).name}): {trace.y.shape[0]} pairs, I {isz}, H {z.shape[1]}, a2 group {group}")
 
     def stage(name, kern, ref):
@@ -111,6 +136,17 @@ def main(argv=None) -> int:
               f"mean |diff| {float(diff.mean()):.3g}")
         return diff
 
+    stage("a1 (GEMM1 input)", a1, trace.a1)
+    # GEMM1 and the activation in float64 on the kernel's own a1, with the structure's rounding points
+    h_k = torch.zeros_like(trace.h_pre)
+    for i, e in enumerate(trace.experts.tolist()):
+        rows = (trace.pair_expert == e).nonzero().flatten()
+        h_k[rows] = a1[trace.pair_token[rows]] @ trace.w13[i].T + (0 if ckpt.b13 is None else ckpt.b13[e].double())
+    st = backend_structure(backend)
+    if st.router_weight is RouterWeight.GEMM1_EPILOGUE:
+        h_k = h_k * trace.pair_weight[:, None]
+    _, _, y_k = evaluate_activation(round_to(h_k, st.gemm1_out), act, st, False)
+    stage("y  vs the reference's GEMM1 on the kernel's a1", y, y_k)
     stage("y  (GEMM1 + activation, bf16)", y, trace.y)
     da2 = stage("a2 (re-quantized GEMM2 input)", a2, trace.a2)
     # is the quantizer exact on the kernel's own y? then every a2 difference comes from y

@@ -33,7 +33,7 @@ from harness.inputs.model_shapes import MODEL_LAYERS, ModelLayer
 from harness.platforms import Platform
 
 __all__ = ["MODEL_SHAPE_TOKENS", "ModelShareRun", "model_share_cases", "run_model_share", "case_memory_budget",
-           "reference_bytes", "share_bytes", "gpu_case_slot", "share_checkpoint", "share_reference"]
+           "reference_bytes", "share_bytes", "gpu_case_slot", "gpu_cases_at_once", "share_checkpoint", "share_reference", "distinct_experts"]
 
 MODEL_SHAPE_TOKENS = (1, 8, 64)
 DISTINCT_EXPERTS = 8  # experts quantized from random weights; the rest derived (make_checkpoint's distinct_experts)
@@ -54,9 +54,10 @@ def share_by_name(share: str) -> tuple[ModelLayer, int]:
 
 
 def reference_bytes(layer: ModelLayer, tp: int, scheme: str, tokens: int) -> int:
-    """What one case holds on the device: the float64 dequantized weights of the routed experts (the reference
-    and its trace; the bound reads them) plus three copies of the checkpoint (the case's, the backend's private
-    copy, the backend's prepared form)."""
+    """What one case holds on the device at its peak: the routed experts' dequantized weights (fp32, then the
+    float64 copy the reference and its trace keep, and the bound's temporaries: 2.5 float64 copies in all) plus
+    three copies of the checkpoint (the case's, the backend's private copy, the backend's prepared form).
+    gpt-oss-120b bf16 at 64 tokens: 77 GB by this count, 78.7 GB seen on the H200 (results/gpu-issue24/run-9)."""
     e, k, h, i = layer.num_experts, layer.top_k, layer.hidden_size, layer.intermediate_size // tp
     n13 = 2 * i  # every model here is gated
     weights = n13 * h + h * i
@@ -64,12 +65,19 @@ def reference_bytes(layer: ModelLayer, tp: int, scheme: str, tokens: int) -> int
     wq = SCHEMES[scheme].weight
     # checkpoint bytes per weight: bf16, FP4 codes packed two per byte, FP6/FP8 codes one per byte; block scales
     per = 2.0 if wq is None else (0.5 if wq.elem.ebits + wq.elem.mbits == 3 else 1.0) + 1 / 16
-    return int(routed * weights * 8 * 1.5 + 3 * e * weights * per)
+    return int(routed * weights * 8 * 2.5 + 3 * e * weights * per)
 
 
 def case_memory_budget() -> int:
-    """Bytes one real-shape case may hold on the GPU: MOE_CONFORMANCE_CASE_GB (default 48)."""
-    return int(float(os.environ.get("MOE_CONFORMANCE_CASE_GB", "48")) * _GIB)
+    """Bytes one real-shape case may hold on the GPU: MOE_CONFORMANCE_CASE_GB, by default 70% of the GPU's memory
+    (the H200: 98 GB, so gpt-oss-120b's whole layer at 64 tokens fits; Kimi-K2 and DeepSeek-V3 at TP 1 from 8
+    tokens on do not), 48 GB without a GPU."""
+    given = os.environ.get("MOE_CONFORMANCE_CASE_GB")
+    if given is not None:
+        return int(float(given) * _GIB)
+    if torch.cuda.is_available():
+        return int(0.7 * torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
+    return 48 * _GIB
 
 
 SLOT_GB = 4  # the GPU's memory is shared out in slots of this size
@@ -82,35 +90,53 @@ def share_bytes(share: str, scheme: str, tokens=MODEL_SHAPE_TOKENS) -> int:
     return max(fits, default=0)
 
 
+def gpu_cases_at_once() -> int:
+    """Real-shape tests one GPU runs at once: MOE_CONFORMANCE_GPU_CASES (default 3). More processes on one GPU
+    time-slice it and each one's host work slows the others: at 16 (every pytest-xdist worker of the H200's host)
+    a test took 5-10x its time alone (results/gpu-issue24/run-5 against run-6)."""
+    return max(1, int(os.environ.get("MOE_CONFORMANCE_GPU_CASES", "3")))
+
+
 @contextlib.contextmanager
-def gpu_case_slot(device, need_bytes: int, folder: str | None = None, slots: int | None = None):
+def gpu_case_slot(device, need_bytes: int, folder: str | None = None, slots: int | None = None,
+                  at_once: int | None = None):
     """The GPU memory a real-shape test needs, as ceil(need / SLOT_GB) of the GPU's slots (80% of its memory in
-    SLOT_GB pieces), held across pytest-xdist workers by file locks: taken all at once or not at all (then tried
-    again after a random pause), so that concurrent tests never exceed the GPU's memory and never deadlock."""
+    SLOT_GB pieces), and one of `at_once` (gpu_cases_at_once) runner places, held across pytest-xdist workers by
+    file locks: taken all at once or not at all (then tried again after a random pause), so that concurrent tests
+    never exceed the GPU's memory and never deadlock."""
     if slots is None:
         total = torch.cuda.get_device_properties(device).total_memory if str(device) != "cpu" else 0
         slots = max(1, int(0.8 * total // (SLOT_GB * _GIB)))
+    at_once = gpu_cases_at_once() if at_once is None else at_once
     need = min(slots, max(1, math.ceil(need_bytes / (SLOT_GB * _GIB))))
     folder = folder or os.path.join(tempfile.gettempdir(), f"moe-conformance-gpu-slots-{os.getuid()}")
     os.makedirs(folder, exist_ok=True)
     pause = random.Random(os.getpid())
-    while True:
+
+    def take(names, count):
         held = []
-        for n in range(slots):
-            f = open(os.path.join(folder, f"slot-{n}"), "w")
+        for name in names:
+            f = open(os.path.join(folder, name), "w")
             try:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 held.append(f)
             except BlockingIOError:
                 f.close()
-            if len(held) == need:
+            if len(held) == count:
                 break
+        return held
+
+    while True:
+        held = take([f"runner-{n}" for n in range(at_once)], 1)
+        if held:
+            held += take([f"slot-{n}" for n in range(slots)], need)
+        ok = len(held) == need + 1
         try:
-            if len(held) == need:
+            if ok:
                 yield need
                 return
         finally:
-            if len(held) == need and str(device) != "cpu":
+            if ok and str(device) != "cpu":
                 torch.cuda.empty_cache()
             for f in held:
                 fcntl.flock(f, fcntl.LOCK_UN)
@@ -118,13 +144,24 @@ def gpu_case_slot(device, need_bytes: int, folder: str | None = None, slots: int
         time.sleep(pause.uniform(0.05, 0.5))
 
 
+def distinct_experts(layer: ModelLayer, tp: int, scheme: str) -> int:
+    """Experts to quantize from random weights so that rolling their rows by whole scale blocks derives all the
+    others (make_checkpoint's distinct_experts): shift s rolls w13 by s blocks within I and w2 by s blocks within H,
+    which repeat only after lcm(I, H) / block shifts. DISTINCT_EXPERTS, or more where that is short (Qwen3-Next:
+    512 experts, 128-row FP8 blocks, I 512 and H 2048 give 16 shifts: 32 experts)."""
+    block = SCHEMES[scheme].n_multiple()
+    shifts = math.lcm((layer.intermediate_size // tp) // block, layer.hidden_size // block)
+    return max(DISTINCT_EXPERTS, math.ceil(layer.num_experts / shifts))
+
+
 def share_checkpoint(share: str, scheme: str, activation, device, seed: int = 0):
-    """The share's checkpoint with biases (DISTINCT_EXPERTS quantized from random weights, the rest derived), on
+    """The share's checkpoint with biases (distinct_experts() quantized from random weights, the rest derived), on
     `device`. A backend that takes no biases gets it without them (`dataclasses.replace(ckpt, b13=None, b2=None)`:
     its static input scales were calibrated with them, still a valid checkpoint)."""
     layer, tp = share_by_name(share)
     return make_checkpoint(scheme, activation, layer.num_experts, layer.hidden_size, layer.intermediate_size // tp,
-                           seed=seed, with_bias=True, distinct_experts=DISTINCT_EXPERTS).to(device)
+                           seed=seed, with_bias=True, distinct_experts=distinct_experts(layer, tp, scheme),
+                           device=device)
 
 
 def share_reference(backend, shape: Shape, ckpt, device, seed: int = 0):
