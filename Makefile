@@ -12,10 +12,15 @@ SETUP  ?= $(STAMP)
 .PHONY: test conformance bench browser catalog formats bench-reference clean third-party
 
 # torch==2.13.0 (pinned in pyproject) is the CPU wheel this machine keeps on local disk; pip finds it there.
+# AMD Quark without its dependencies (~490 MB: onnx, pandas, pyarrow, scipy, plotly, ...): the peer adapter loads three
+# of its modules, which import torch and numpy only, and its C++ extension builds with ninja (the test extra). The
+# same pin as pyproject's `quark` extra (the full install), checked by suites/test_ci_workflows.py.
+QUARK_PIN := amd-quark==0.13.0
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,torchao,jax,modelopt,compressed-tensors,quark]'
+	$(PY) -m pip install -q -e '.[test,torchao,jax,modelopt,compressed-tensors]'
+	$(PY) -m pip install -q --no-deps '$(QUARK_PIN)'
 	touch $(STAMP)
 
 # Pinned third-party kernels (vLLM releases; harness/third_party.py): `pip download --no-deps` of each wheel into

@@ -100,3 +100,14 @@ def test_pr_workflow_runs_what_ci_runs():
     job = wf["jobs"]["test"]
     assert _runs(job).strip() == ".ci/run"
     assert (ROOT / ".ci" / "run").read_text().strip().endswith("make test")
+
+
+def test_the_makefiles_quark_pin_is_pyprojects():
+    """make test installs AMD Quark without its dependencies (Makefile QUARK_PIN); pyproject's `quark` extra is the
+    full install. One version in both."""
+    import re
+    import tomllib
+
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["quark"]
+    pin = re.search(r"^QUARK_PIN := (\S+)$", (ROOT / "Makefile").read_text(), re.M)
+    assert pin and [pin.group(1)] == extra
