@@ -287,6 +287,28 @@ def _model_shapes(args) -> int:
     return 1 if tally["failed"] else 0
 
 
+def _write_checkpoint(args) -> int:
+    """A small MoE model directory written by a quantization tool itself (harness.peers.checkpoint_writers), for
+    `pytest ... --checkpoint DIR --layer N`: the tool's own quantizer on random weights, saved as it exports."""
+    from harness.inputs.checkpoints_on_disk import load_moe_layer
+    from harness.peers.checkpoint_writers import WRITERS
+
+    writer, fixed, extra = WRITERS[args.tool]
+    sizes = {k: v for k, v in (("layers", args.layers), ("experts", args.experts), ("hidden", args.hidden),
+                               ("inter", args.intermediate), ("seed", args.seed)) if v is not None}
+    try:
+        path = writer(args.out, **fixed, **sizes)
+    except ImportError as exc:
+        print(f"--tool {args.tool} needs the {extra!r} extra (pip install -e '.[{extra}]'): {exc}", file=sys.stderr)
+        return 2
+    ckpt = load_moe_layer(path, 0)
+    print(f"wrote {path}: {sizes.get('layers', 2)} MoE layers, {ckpt.scheme.name}, {ckpt.activation.name}, "
+          f"{ckpt.num_experts} experts, H {ckpt.hidden_size}, I {ckpt.intermediate_size}\n"
+          f"run: python -m pytest suites/test_conformance.py::test_conformance --checkpoint {path} --layer 0 "
+          f"--backend torch_emulation")
+    return 0
+
+
 def _matrix(_args) -> int:
     from harness.outputs.matrix import nightly_matrix_json
 
@@ -306,6 +328,8 @@ COMMANDS = {
     "diagnose": (_diagnose, "which numerical structure a backend's outputs conform to on every case it runs here"),
     "model-shapes": (_model_shapes, "conformance at real models' layer shapes (TP shares, 1/8/64 tokens), all experts built"),
     "parallel": (_parallel, "sharded (TP/EP) conformance: simulated, or one process per rank over NCCL/gloo"),
+    "write-checkpoint": (_write_checkpoint, "a small MoE model directory written by ModelOpt, compressed-tensors, "
+                         "Quark or in gpt-oss's layout, for pytest --checkpoint"),
 }
 
 
@@ -358,6 +382,14 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--tokens", nargs="+", type=_positive_int(1), default=[1, 8, 64])
             p.add_argument("--scheme", action="append", choices=list(SCHEMES), help="default: every scheme supported")
             p.add_argument("--activation", choices=list(ACTIVATIONS), help="default: the model's")
+        if name == "write-checkpoint":
+            from harness.peers.checkpoint_writers import WRITERS
+
+            p.add_argument("--tool", required=True, choices=list(WRITERS))
+            p.add_argument("--out", required=True, help="the model directory to write")
+            for flag in ("--layers", "--experts", "--hidden", "--intermediate", "--seed"):
+                p.add_argument(flag, type=_positive_int(1) if flag != "--seed" else int, default=None,
+                               help="default: the writer's (small CPU sizes)")
         if name == "oracle":
             p.add_argument("--platform", default="cpu", choices=list(PLATFORMS))
             p.add_argument("--all", action="store_true", help="every platform")

@@ -683,3 +683,20 @@ def test_the_activation_is_config_jsons_hidden_act_unless_given(made, tmp_path):
             assert load_moe_layer(root, LAYER, activation="GELU").activation.name == "GELU"
         else:
             assert load_moe_layer(root, LAYER).activation.name == expected
+
+
+def test_write_checkpoint_writes_a_layer_the_checkpoint_option_reads(tmp_path, capsys):
+    """`python -m harness write-checkpoint` (README's commands per tool): the directory it writes loads, and it
+    prints the pytest command that runs the cases on it. Every tool name maps to a writer and a pinned extra."""
+    import tomllib
+
+    from harness.__main__ import main
+    from harness.peers.checkpoint_writers import WRITERS
+
+    assert main(["write-checkpoint", "--tool", "gpt-oss-mxfp4", "--out", str(tmp_path / "m"), "--experts", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "w_mxfp4, SWIGLUOAI, 3 experts" in out and f"--checkpoint {tmp_path / 'm'} --layer 0" in out
+    assert load_moe_layer(tmp_path / "m", 1).num_experts == 3
+    extras = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    assert all(callable(w) and (extra is None or extra in extras) for w, _, extra in WRITERS.values())

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 __all__ = ["write_modelopt_nvfp4", "write_ct_nvfp4", "write_ct_fp8", "write_quark_mxfp4", "write_gpt_oss_mxfp4",
-           "expert_key", "ct_quantization_config", "quark_quantization_config", "GPT_OSS_NOT_CONVERTED"]
+           "expert_key", "ct_quantization_config", "quark_quantization_config", "GPT_OSS_NOT_CONVERTED", "WRITERS"]
 
 _PROJ = ("gate_proj", "up_proj", "down_proj")
 
@@ -320,3 +320,15 @@ def write_gpt_oss_mxfp4(root, *, layers: int = 2, experts: int = 4, hidden: int 
               "experts_per_token": 2, "num_hidden_layers": layers, "swiglu_limit": 7.0, "torch_dtype": "bfloat16",
               "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": GPT_OSS_NOT_CONVERTED}}
     return _save(Path(root), per_layer, config, None, seed, qwen_router=False)
+
+
+# each producer's layer by the name `python -m harness write-checkpoint --tool` takes: (writer, its fixed arguments,
+# the peer extra it needs)
+WRITERS = {
+    "modelopt-nvfp4": (write_modelopt_nvfp4, {}, "modelopt"),
+    "compressed-tensors-nvfp4": (write_ct_nvfp4, {}, "compressed-tensors"),
+    "compressed-tensors-fp8": (write_ct_fp8, {"strategy": "tensor"}, "compressed-tensors"),
+    "compressed-tensors-fp8-block": (write_ct_fp8, {"strategy": "block"}, "compressed-tensors"),
+    "quark-mxfp4": (write_quark_mxfp4, {}, "quark"),
+    "gpt-oss-mxfp4": (write_gpt_oss_mxfp4, {}, None),
+}
