@@ -96,8 +96,8 @@ MUTANTS = {
     ),
     "fp8_no_min_scale": (
         "reference/fp8.py",
-        "    return torch.clamp_min(amax / fmax, 1.0 / (fmax * _MIN_SCALE_DIVISOR))\n",
-        "    return amax / fmax\n",
+        "    return torch.clamp_min(true_divide(amax, fmax), 1.0 / (fmax * _MIN_SCALE_DIVISOR))\n",
+        "    return true_divide(amax, fmax)\n",
         "FP8 dynamic scale without the lower guard (zero group divides by zero)",
         "suites/test_corner_cases.py::test_corner_case_bytes[fp8_zero_tensor_dynamic_scale]",
     ),
