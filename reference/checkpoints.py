@@ -16,8 +16,6 @@ Activation input scales (static schemes only) are per expert [E]; the MoE uses t
 
 from __future__ import annotations
 
-import contextlib
-
 from dataclasses import dataclass, replace
 
 import torch
@@ -193,11 +191,12 @@ def make_checkpoint(
     device: where the checkpoint is built and lives (default the CPU). The random draws are the CPU generator's
     either way (the same weights on any device); quantization, derivation and calibration run on `device`."""
     dev = torch.device("cpu" if device is None else device)
-    # a device context intercepts every torch call (Python-level overhead): only where it changes the device
-    with torch.device(dev) if dev.type != "cpu" else contextlib.nullcontext():
-        return _make_checkpoint(scheme, activation, num_experts, hidden_size, intermediate_size, seed, with_bias,
-                                nvfp4_global_convention, fp8_format, outlier_channels, outlier_scale,
-                                calibration_tokens, bias_scale, distinct_experts, dev)
+    args = (scheme, activation, num_experts, hidden_size, intermediate_size, seed, with_bias, nvfp4_global_convention,
+            fp8_format, outlier_channels, outlier_scale, calibration_tokens, bias_scale, distinct_experts, dev)
+    if dev.type == "cpu":  # a device context intercepts every torch call (Python-level cost): only off the CPU
+        return _make_checkpoint(*args)
+    with torch.device(dev):
+        return _make_checkpoint(*args)
 
 
 def _make_checkpoint(scheme, activation, num_experts, hidden_size, intermediate_size, seed, with_bias,
