@@ -17,7 +17,10 @@ MUTANTS = _tool.MUTANTS
 
 
 @pytest.mark.parametrize("name", sorted(MUTANTS))
-def test_reference_mutant_is_caught(name):
+def test_reference_mutant_is_caught(name, hypothesis_profile):
+    if hypothesis_profile == "ci" and sorted(MUTANTS).index(name) % 2:
+        pytest.skip("ci profile: every other reference mutant (a copy of the tree and a pytest run each, ~6 s; "
+                    "dev and nightly: all)")
     proc = subprocess.run([sys.executable, str(ROOT / "tools" / "mutate_reference.py"), name], capture_output=True,
                           text=True)
     assert proc.returncode == 0 and proc.stdout.startswith("CAUGHT"), proc.stdout + proc.stderr

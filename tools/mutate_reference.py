@@ -191,7 +191,8 @@ def run(name: str) -> tuple[bool, float, str]:
     with tempfile.TemporaryDirectory() as tmp:
         dst = Path(tmp) / "repo"
         shutil.copytree(ROOT, dst, ignore=shutil.ignore_patterns(".venv", ".git", ".hypothesis", "report", "__pycache__",
-                                                                 "results", "docs", ".whl", "bench"))
+                                                                 "results", "docs", ".whl", "bench",
+                                                                 ".third_party"))
         src = (dst / path).read_text()
         if src.count(old) != 1:
             raise SystemExit(f"mutant {name}: the text to replace is not found exactly once in {path}")
