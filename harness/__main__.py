@@ -209,9 +209,9 @@ def _diagnose(args) -> int:
     from harness.backends import Declined, backend_bound_declarations, backend_prepare, backend_structure, load_backend
     from harness.core.conformance import backend_shape, case_problem, conformance_cases, default_shape, reference_run
     from harness.core.structure_fit import structure_verdicts
-    from harness.platforms import detect_platform
+    from harness.platforms import PLATFORMS, detect_platform
 
-    host = detect_platform()
+    host = PLATFORMS[args.platform] if args.platform else detect_platform()
     for name in args.backend:
         backend = load_backend(name)
         declared = backend_structure(backend)
@@ -373,6 +373,8 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--scheme", action="append", choices=list(SCHEMES), help="only these schemes")
             p.add_argument("--activation", action="append", choices=list(ACTIVATIONS), help="only these activations")
             p.add_argument("--verbose", action="store_true", help="each case's fits")
+            p.add_argument("--platform", choices=list(PLATFORMS), help="that platform's cases at its shape (default "
+                           "this machine's; cpu's are small and run on any machine)")
         if name == "model-shapes":
             from harness.inputs.model_shapes import MODEL_LAYERS
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
-from harness.core.real_shapes import gpu_case_slot, model_share_cases, run_model_share, share_bytes
+from harness.core.real_shapes import gpu_case_slot, model_share_cases, run_model_share, run_model_share_queued
 from harness.platforms import default_device, detect_platform
 
 
@@ -23,9 +24,7 @@ def test_model_shape(model_share, backends, record_property):
         pytest.skip("real model shapes run on a GPU host (every expert allocated, the float64 reference on the GPU); "
                     "on this CPU the same properties run as shape classes (test_shape_class)")
     device = default_device()
-    with gpu_case_slot(device, share_bytes(share, scheme)):
-        runs = run_model_share(backends, share, scheme, host, device,
-                               progress=lambda r: print(r.line(), flush=True))
+    runs = run_model_share_queued(backends, share, scheme, host, device, progress=lambda r: print(r.line(), flush=True))
     judged = [r for r in runs if r.result is not None]
     record_property("model_shape_runs", json.dumps([dict(case=r.case, backend=r.backend, skipped=r.skipped,
                                                          ok=None if r.result is None else r.result.ok,
@@ -77,6 +76,42 @@ def test_runner_says_why_a_case_does_not_run(monkeypatch):
     assert run.result is None and "float64 reference of 384 routed experts" in run.skipped and "> the 0.5 GB a case" in run.skipped
     (run,) = run_model_share(control, "gpt-oss-20b/tp8", "w_mxfp4", cpu, "cpu", tokens=(1,), gpu_only=False)
     assert run.result is None and "intermediate_size=360 must be a positive multiple of 32" in run.skipped
+
+
+def test_a_run_that_runs_out_of_memory_beside_others_runs_again_alone(monkeypatch, tmp_path):
+    """A backend's own allocations are not in the slot estimate (dequantize_all's bf16 copy of every expert): a run
+    that exhausts the GPU's memory is not a failure of the backend but is run again with every slot held; one that
+    exhausts it alone stays skipped and says so. Any other error of the backend still fails the test."""
+    import tempfile
+
+    from harness.detection.catalog import make_mutant
+    from harness.platforms import PLATFORMS
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the slot lock files
+
+    class OutOfMemory:
+        def __init__(self, inner, times, error=torch.OutOfMemoryError):
+            self._inner, self._left, self._error = inner, times, error
+
+        def __getattr__(self, attr):
+            return getattr(self._inner, attr)
+
+        def forward(self, *args):
+            if self._left:
+                self._left -= 1
+                raise self._error("CUDA out of memory. Tried to allocate 21.00 GiB")
+            return self._inner.forward(*args)
+
+    cpu = PLATFORMS["cpu"]
+    run_on = lambda b: run_model_share_queued(b, "gpt-oss-20b/tp8", "bf16", cpu, "cpu", tokens=(1,),  # noqa: E731
+                                              gpu_only=False)
+    (run,) = run_on({"crowded": OutOfMemory(make_mutant("control"), 1)})
+    assert run.alone and run.result is not None and run.result.ok and not run.out_of_memory
+    assert run.line().endswith(", the GPU to itself)")
+    (run,) = run_on({"too_big": OutOfMemory(make_mutant("control"), 2)})
+    assert run.result is None and run.out_of_memory and "with the GPU to itself" in run.skipped
+    with pytest.raises(ZeroDivisionError):
+        run_on({"broken": OutOfMemory(make_mutant("control"), 1, ZeroDivisionError)})
 
 
 def test_ci_cases_cover_every_model_share_and_each_released_scheme():

@@ -32,8 +32,9 @@ from harness.core.tolerances import Comparison
 from harness.inputs.model_shapes import MODEL_LAYERS, ModelLayer
 from harness.platforms import Platform
 
-__all__ = ["MODEL_SHAPE_TOKENS", "ModelShareRun", "model_share_cases", "run_model_share", "case_memory_budget",
-           "reference_bytes", "share_bytes", "gpu_case_slot", "gpu_cases_at_once", "share_checkpoint", "share_reference", "distinct_experts"]
+__all__ = ["MODEL_SHAPE_TOKENS", "ModelShareRun", "model_share_cases", "run_model_share", "run_model_share_queued",
+           "case_memory_budget", "reference_bytes", "share_bytes", "gpu_case_slot", "gpu_cases_at_once",
+           "share_checkpoint", "share_reference", "distinct_experts", "is_out_of_memory"]
 
 MODEL_SHAPE_TOKENS = (1, 8, 64)
 DISTINCT_EXPERTS = 8  # experts quantized from random weights; the rest derived (make_checkpoint's distinct_experts)
@@ -98,17 +99,17 @@ def gpu_cases_at_once() -> int:
 
 
 @contextlib.contextmanager
-def gpu_case_slot(device, need_bytes: int, folder: str | None = None, slots: int | None = None,
+def gpu_case_slot(device, need_bytes: int | None, folder: str | None = None, slots: int | None = None,
                   at_once: int | None = None):
     """The GPU memory a real-shape test needs, as ceil(need / SLOT_GB) of the GPU's slots (80% of its memory in
     SLOT_GB pieces), and one of `at_once` (gpu_cases_at_once) runner places, held across pytest-xdist workers by
     file locks: taken all at once or not at all (then tried again after a random pause), so that concurrent tests
-    never exceed the GPU's memory and never deadlock."""
+    never exceed the GPU's memory and never deadlock. need_bytes None: every slot (the GPU to this test alone)."""
     if slots is None:
         total = torch.cuda.get_device_properties(device).total_memory if str(device) != "cpu" else 0
         slots = max(1, int(0.8 * total // (SLOT_GB * _GIB)))
     at_once = gpu_cases_at_once() if at_once is None else at_once
-    need = min(slots, max(1, math.ceil(need_bytes / (SLOT_GB * _GIB))))
+    need = slots if need_bytes is None else min(slots, max(1, math.ceil(need_bytes / (SLOT_GB * _GIB))))
     folder = folder or os.path.join(tempfile.gettempdir(), f"moe-conformance-gpu-slots-{os.getuid()}")
     os.makedirs(folder, exist_ok=True)
     pause = random.Random(os.getpid())
@@ -185,6 +186,9 @@ class ModelShareRun:
     skipped: str = ""
     known_failure: object = None  # the backend's KnownFailure record covering this case, if any
     seconds: float = 0.0
+    tokens: int = 0
+    out_of_memory: bool = False  # the GPU ran out of memory in this run (skipped says where)
+    alone: bool = False  # run again with the GPU to itself after running out of memory beside other cases
 
     @property
     def what(self) -> str:
@@ -196,15 +200,23 @@ class ModelShareRun:
         r = self.result
         verdict = "passed" if r.ok else ("xfailed" if self.known_failure else "FAILED")
         return (f"{verdict:<8} {self.what}: {r.max_ratio:.3f} of the bound, worst {r.worst_ulps:.3g} ulp "
-                f"({self.seconds:.1f}s)")
+                f"({self.seconds:.1f}s{', the GPU to itself' if self.alone else ''})")
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """The device ran out of memory: torch's error, or XLA's RESOURCE_EXHAUSTED (jax_ragged_dot)."""
+    return isinstance(exc, torch.OutOfMemoryError) or "RESOURCE_EXHAUSTED" in str(exc) or (
+        "out of memory" in str(exc).lower() and isinstance(exc, RuntimeError))
 
 
 def run_model_share(backends: dict, share: str, scheme: str, host: Platform, device, tokens=MODEL_SHAPE_TOKENS,
                     seed: int = 0, activation: str | None = None, gpu_only: bool = True,
-                    progress=None) -> list[ModelShareRun]:
+                    progress=None, only: set[tuple[int, str]] | None = None) -> list[ModelShareRun]:
     """Every backend of `backends` at this share and scheme, at each token count, against one reference per
     (tokens, structure, top-k cap, biases), with the model's activation unless `activation` is given. gpu_only:
-    backends that run on the host CPU are left to the CPU's cases (skipped with that reason)."""
+    backends that run on the host CPU are left to the CPU's cases (skipped with that reason). only: just these
+    (tokens, backend name) runs. A run that exhausts the device's memory (building, the reference, the backend) is
+    returned with out_of_memory set, not raised: run_model_share_queued runs it again with the GPU to itself."""
     layer, tp = share_by_name(share)
     act = ACTIVATIONS[activation or layer.activation]
     runs: list[ModelShareRun] = []
@@ -224,6 +236,8 @@ def run_model_share(backends: dict, share: str, scheme: str, host: Platform, dev
         need = reference_bytes(layer, tp, scheme, n)
         todo = []
         for name, backend in backends.items():
+            if only is not None and (n, name) not in only:
+                continue
             problem, ok, reason = case_problem(backend, SCHEMES[scheme], act, host, shape)
             if ok:
                 ok, reason = backend_available(backend, host)
@@ -236,27 +250,35 @@ def run_model_share(backends: dict, share: str, scheme: str, host: Platform, dev
                                      f"{case_memory_budget() / _GIB:.3g} GB a case may take "
                                      "(MOE_CONFORMANCE_CASE_GB)")
             if not ok:
-                runs.append(ModelShareRun(case, scheme, name, skipped=reason))
+                runs.append(ModelShareRun(case, scheme, name, skipped=reason, tokens=n))
                 continue
             bshape = backend_shape(backend, shape)
             todo.append(((backend_structure(backend).name, bshape.top_k, problem.has_bias), name, backend, bshape))
         reference = {}
         for key, name, backend, bshape in sorted(todo, key=lambda t: (t[0][2], t[0][0], t[0][1], t[1])):
             start = time.perf_counter()
+            run = ModelShareRun(case, scheme, name, known_failure=known_failure_for(backend, scheme, key[2]), tokens=n)
             try:
                 ckpt = checkpoint(key[2])
-            except ValueError as exc:  # the scheme's block does not divide this share (vLLM pads or refuses it)
-                runs.append(ModelShareRun(case, scheme, name, skipped=str(exc)))
-                continue
-            if key not in reference:
-                reference.clear()  # one reference (and its float64 trace) at a time
-                reference[key] = share_reference(backend, bshape, ckpt, device, seed)
-            inputs, out, trace = reference[key]
-            run = ModelShareRun(case, scheme, name, known_failure=known_failure_for(backend, scheme, key[2]))
-            try:
+                if key not in reference:
+                    reference.clear()  # one reference (and its float64 trace) at a time
+                    reference[key] = share_reference(backend, bshape, ckpt, device, seed)
+                inputs, out, trace = reference[key]
                 run.result = compare_backend(backend, ckpt, inputs, out, trace, run.what, diagnose=False)
+            except ValueError as exc:  # the scheme's block does not divide this share (vLLM pads or refuses it)
+                if built:  # raised by the reference or the backend, not by building
+                    raise
+                run.skipped = str(exc)
             except Declined as exc:
                 run.skipped = str(exc)
+            except Exception as exc:
+                if not is_out_of_memory(exc):
+                    raise
+                run.out_of_memory = True
+                run.skipped = f"out of GPU memory: {str(exc).splitlines()[0][:300]}"
+                reference.clear()
+                if str(device) != "cpu":
+                    torch.cuda.empty_cache()
             run.seconds = time.perf_counter() - start
             runs.append(run)
             if progress:
@@ -264,3 +286,25 @@ def run_model_share(backends: dict, share: str, scheme: str, host: Platform, dev
         reference.clear()
     built.clear()
     return runs
+
+
+def run_model_share_queued(backends: dict, share: str, scheme: str, host: Platform, device, progress=None,
+                           **options) -> list[ModelShareRun]:
+    """run_model_share inside the share's GPU slots (gpu_case_slot(share_bytes)). The slots count the reference
+    and the checkpoint's copies, not what a backend allocates for itself (dequantize_all: every expert in bf16,
+    21 GB of Kimi-K2's w13; XLA's copies), so a backend can still exhaust the memory beside other cases
+    (results/gpu-issue25/run-6): such runs are run again afterwards with every slot held (the GPU to this test),
+    and only a run that exhausts it alone stays skipped, saying so."""
+    with gpu_case_slot(device, share_bytes(share, scheme)):
+        runs = run_model_share(backends, share, scheme, host, device, progress=progress, **options)
+    crowded = {(r.tokens, r.backend) for r in runs if r.out_of_memory}
+    if not crowded:
+        return runs
+    with gpu_case_slot(device, None):
+        again = run_model_share(backends, share, scheme, host, device, progress=progress, only=crowded, **options)
+    for r in again:
+        r.alone = True
+        if r.out_of_memory:
+            r.skipped = f"{r.skipped} (with the GPU to itself: the reference and this backend need more)"
+    again = {(r.tokens, r.backend): r for r in again}
+    return [again.get((r.tokens, r.backend), r) if r.out_of_memory else r for r in runs]
