@@ -5,7 +5,7 @@
 # a done-mark under /tmp/nightly-run6) and each call of this script waits for it up to 560 s, then returns what
 # it has; a second call of the same script on the still-warm machine only waits and collects.
 export PYTHONUNBUFFERED=1
-RUN=/tmp/nightly-run6
+RUN=${RUN:-/tmp/nightly-run6}  # run-7 and later: the same script, their own directory
 mkdir -p $RUN
 if [ ! -e $RUN/started ]; then
   rm -rf .hypothesis report
@@ -21,8 +21,8 @@ while [ ! -e $RUN/done ] && [ $(( $(date +%s) - t0 )) -lt 560 ]; do sleep 5; don
 cp $RUN/nightly.log $OUT/
 if [ -e $RUN/done ]; then
   echo "done: wall $(( $(cat $RUN/done) - $(cat $RUN/started) )) s"
-  cp report/summary.md report/junit.xml $OUT/ 2>/dev/null
   python3 tools/model_shape_table.py report/junit.xml > $OUT/model-shapes.md
+  gzip -9c report/junit.xml > $OUT/junit.xml.gz; gzip -9c report/summary.md > $OUT/summary.md.gz
   tail -1 $OUT/model-shapes.md
   tar czf $OUT/hypothesis-db.tgz .hypothesis 2>/dev/null
 else
