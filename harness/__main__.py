@@ -217,7 +217,7 @@ def _diagnose(args) -> int:
         declared = backend_structure(backend)
         fit_all: dict[str, int] = {}
         n = 0
-        for case, reason in conformance_cases({backend.name: backend}, [host]):
+        for case, reason in conformance_cases({backend.name: backend}, [host], host=host):
             if reason or (args.scheme and case.scheme.name not in args.scheme) or (
                     args.activation and case.activation.name not in args.activation):
                 continue

@@ -188,6 +188,22 @@ def test_diagnose_names_the_structure_each_backend_computes():
         "wrong_example ("):]
 
 
+def test_diagnose_platform_cpu_judges_the_cpus_cases_on_a_gpu_host(monkeypatch, capsys):
+    """--platform is the platform the cases and their skip reasons assume, not only the shape: on the H200 the CPU's
+    cases were all skipped as "not this host" and diagnose found no case to judge (results/gpu-issue25/run-7)."""
+    import harness.core.conformance
+    import harness.platforms
+    from harness.__main__ import main
+
+    gpu_host = lambda *args, **kwargs: harness.platforms.PLATFORMS["sm90"]  # noqa: E731
+    monkeypatch.setattr(harness.platforms, "detect_platform", gpu_host)
+    monkeypatch.setattr(harness.core.conformance, "detect_platform", gpu_host)
+    assert main(["diagnose", "--scheme", "bf16", "--activation", "SILU", "--platform", "cpu",
+                 "--backend", "examples.wrong_backend:make_backend"]) == 0
+    out = capsys.readouterr().out
+    assert "1 cases on cpu" in out and "conforms on every case to: numerical_structure = 'rounded_terms'" in out, out
+
+
 def test_a_failure_says_which_structure_the_output_conforms_to_or_that_none_does():
     from harness.detection.catalog import _another_structure, make_mutant
     from reference.activations import ACTIVATIONS
