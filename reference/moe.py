@@ -29,7 +29,47 @@ from .structure import (DEFAULT_STRUCTURE, ActivationEval, NumericalStructure, P
                         round_to, structure_by_name)
 
 __all__ = ["MoETrace", "fused_moe", "round_bf16", "activation_qdq", "static_activation_scales", "check_moe_inputs",
-           "evaluate_activation"]
+           "evaluate_activation", "RoutedWeights", "routed_weights", "EAGER_WEIGHT_BYTES"]
+
+# Routed experts' float64 weights up to this size are dequantized at once (one call: the CPU suites' thousands of
+# small cases); beyond it, one expert at a time (a real model's routed experts in float64: Kimi-K2 at 64 tokens
+# ~300 experts x 44M weights = 100 GB). Dequantization is per block, so both give the same values bit for bit.
+EAGER_WEIGHT_BYTES = 2**30
+
+
+class RoutedWeights:
+    """The routed experts' dequantized float64 weights, [R, N, K] as indexing sees them ([i] is experts[i]'s
+    [N, K], also [i, n]), dequantized when indexed and only the last expert kept: the reference and its bound
+    walk the experts in order, so each expert is dequantized once per walk and one is in memory at a time."""
+
+    def __init__(self, weight, experts: torch.Tensor, ckpt: MoECheckpoint):
+        self._weight, self._experts, self._ckpt = weight, experts, ckpt
+        self._last: tuple[int, torch.Tensor] | None = None
+        self.shape = torch.Size((len(experts), *self[0].shape))
+
+    def __len__(self) -> int:
+        return len(self._experts)
+
+    def __getitem__(self, index):
+        if isinstance(index, tuple):
+            return self[index[0]][index[1:]]
+        i = int(index)
+        if self._last is None or self._last[0] != i:
+            one = self._weight.experts(self._experts[i:i + 1])
+            self._last = (i, dequantize_weight(one, self._ckpt.scheme.weight, self._ckpt).double()[0])
+        return self._last[1]
+
+    def exactly_bf16(self) -> bool:
+        """Every expert's values are bf16 values (decides whether a kernel may round them as GEMM operands)."""
+        return all(bool((self[i].to(torch.bfloat16).double() == self[i]).all()) for i in range(len(self)))
+
+
+def routed_weights(weight, experts: torch.Tensor, ckpt: MoECheckpoint, k: int) -> torch.Tensor | RoutedWeights:
+    """These experts' dequantized float64 weights ([E, N, k] logically): a tensor [R, N, k] up to
+    EAGER_WEIGHT_BYTES, else RoutedWeights (the same values, one expert at a time)."""
+    if len(experts) * weight.data.shape[1] * k * 8 <= EAGER_WEIGHT_BYTES:
+        return dequantize_weight(weight.experts(experts), ckpt.scheme.weight, ckpt).double()
+    return RoutedWeights(weight, experts, ckpt)
 
 
 @dataclass
@@ -51,8 +91,8 @@ class MoETrace:
     out_pre: torch.Tensor  # [T, H] before the output rounding
     out: torch.Tensor  # [T, H] float64, after it
     experts: torch.Tensor  # [R] the routed experts' ids, ascending: w13 and w2 hold theirs only
-    w13: torch.Tensor  # [R, N13, H] float64 dequantized weights of the routed experts
-    w2: torch.Tensor  # [R, H, I]
+    w13: torch.Tensor | RoutedWeights  # [R, N13, H] float64 dequantized weights of the routed experts
+    w2: torch.Tensor | RoutedWeights  # [R, H, I]
     pair_token: torch.Tensor  # [P] token of each pair
     pair_expert: torch.Tensor  # [P] expert of each pair
     pair_weight: torch.Tensor  # [P] routing weight of each pair (float64)
@@ -168,10 +208,10 @@ def fused_moe(
     keep = not exact
     t, hsz = hidden_states.shape
     k = topk_ids.shape[1]
-    # only the routed experts are dequantized (a real model's weights in float64 would be tens of GB)
+    # only the routed experts are dequantized, and beyond EAGER_WEIGHT_BYTES one at a time (routed_weights)
     experts = topk_ids.reshape(-1).long().unique()
-    w13 = dequantize_weight(ckpt.w13.experts(experts), scheme.weight, ckpt).double()
-    w2 = dequantize_weight(ckpt.w2.experts(experts), scheme.weight, ckpt).double()
+    w13 = routed_weights(ckpt.w13, experts, ckpt, hsz)
+    w2 = routed_weights(ckpt.w2, experts, ckpt, ckpt.intermediate_size)
     a1_scale, a2_scale = static_activation_scales(ckpt)
     qdq = lambda x, s: activation_qdq(x, aq, ckpt, s, st.fp8_static_scale)  # noqa: E731
 

@@ -7,6 +7,7 @@ properties run at interpreter cost as shape classes (suites/test_conformance.py:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -74,8 +75,43 @@ def test_runner_says_why_a_case_does_not_run(monkeypatch):
     monkeypatch.setenv("MOE_CONFORMANCE_CASE_GB", "0.5")
     (run,) = run_model_share(control, "kimi-k2", "bf16", cpu, "cpu", tokens=(64,), gpu_only=False)
     assert run.result is None and "float64 reference of 384 routed experts" in run.skipped and "> the 0.5 GB a case" in run.skipped
-    (run,) = run_model_share(control, "gpt-oss-20b/tp8", "w_mxfp4", cpu, "cpu", tokens=(1,), gpu_only=False)
-    assert run.result is None and "intermediate_size=360 must be a positive multiple of 32" in run.skipped
+    (run,) = run_model_share(control, "gpt-oss-20b/tp8", "w_nvfp4", cpu, "cpu", tokens=(1,), gpu_only=False)
+    assert run.result is None and "intermediate_size=360 must be a positive multiple of 16" in run.skipped
+
+
+def test_gpt_oss_mxfp4_at_tp_4_and_8_is_vllms_padded_last_rank_and_means_its_real_channels():
+    """I / tp = 720 and 360 are not whole 32-blocks: vLLM rounds each rank to 64 and shards at that size, so the
+    last rank holds 576 (TP 4) or 192 (TP 8) real channels and zeros. That share's output is exactly the output of
+    its real channels alone; a correct backend passes there, and the catalog's K-tail bug (H 2880 = 22.5 tiles of
+    128) fails."""
+    from harness.core.real_shapes import share_by_name, share_checkpoint, share_intermediate
+    from harness.detection.catalog import make_mutant
+    from harness.platforms import PLATFORMS
+    from reference.activations import ACTIVATIONS
+    from reference.checkpoints import QuantizedWeight
+    from reference.moe import fused_moe
+
+    layer, _ = share_by_name("gpt-oss-120b")
+    assert share_intermediate(layer, 4, "w_mxfp4") == (768, 576) and share_intermediate(layer, 8, "w_mxfp4") == (384, 192)
+    assert share_intermediate(layer, 2, "w_mxfp4") == (1440, 1440) and share_intermediate(layer, 8, "bf16") == (360, 360)
+    ckpt = share_checkpoint("gpt-oss-20b/tp8", "w_mxfp4", ACTIVATIONS["SWIGLUOAI"], "cpu")
+    assert ckpt.intermediate_size == 384 and not ckpt.w13.data[:, 384:].any() and not ckpt.w2.data[..., 96:].any()
+    rows = torch.arange(384)  # interleaved gate/up: channels 0..191 are rows 0..383
+    real = dataclasses.replace(
+        ckpt, intermediate_size=192, b13=ckpt.b13[:, rows],
+        w13=QuantizedWeight(ckpt.w13.data[:, rows], ckpt.w13.scale[:, rows]),
+        w2=QuantizedWeight(ckpt.w2.data[..., :96].contiguous(), ckpt.w2.scale[..., :6].contiguous()))
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(5, 2880, generator=g).to(torch.bfloat16)
+    ids = torch.stack([torch.randperm(32, generator=g)[:4] for _ in range(5)])
+    w = torch.softmax(torch.randn(5, 4, generator=g), -1)
+    padded_out = fused_moe(x, ckpt, w, ids, exact=True)
+    assert torch.allclose(padded_out, fused_moe(x, real, w, ids, exact=True), rtol=1e-12, atol=0)
+    backends = {"control": make_mutant("control"), "k_tail_dropped": make_mutant("k_tail_dropped")}
+    runs = {r.backend: r for r in run_model_share(backends, "gpt-oss-20b/tp8", "w_mxfp4", PLATFORMS["cpu"], "cpu",
+                                                  tokens=(1,), gpu_only=False)}
+    assert "I 384, 192 real" in runs["control"].case and runs["control"].result.ok, runs["control"].line()
+    assert not runs["k_tail_dropped"].result.ok, runs["k_tail_dropped"].line()
 
 
 def test_a_run_that_runs_out_of_memory_beside_others_runs_again_alone(monkeypatch, tmp_path):

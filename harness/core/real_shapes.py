@@ -3,9 +3,11 @@ expert's weights allocated, on a GPU host. The reference runs on the GPU in floa
 reference/ follows its inputs' device), once per (token count, numerical structure, top-k cap, biases), and every
 backend that runs on the GPU is judged against it; the checkpoint is built once per (share, scheme).
 
-A case whose float64 reference (the routed experts' dequantized weights) and checkpoint copies would not fit the
-memory one case may take (`case_memory_budget`) is skipped with the figures: e.g. Kimi-K2 at TP 1 with 64
-tokens routes ~300 experts of 44M weights each (100 GB in float64); its TP 8 share runs."""
+A case whose checkpoint copies and float64 reference would not fit the memory one case may take
+(`case_memory_budget`) is skipped with the figures. The reference dequantizes a real model's routed experts one
+at a time (Kimi-K2 at TP 1 with 64 tokens routes ~300 experts of 44M weights each: 100 GB at once in float64), so
+what decides is the checkpoint: Kimi-K2's bf16 layer (34 GB) three times over does not fit an H200's 98 GB
+budget; its FP8 and FP4 layers do."""
 
 from __future__ import annotations
 
@@ -23,7 +25,8 @@ import torch
 
 from reference.activations import ACTIVATIONS
 from reference.checkpoints import make_checkpoint
-from reference.moe import fused_moe
+from reference.moe import EAGER_WEIGHT_BYTES, fused_moe
+from reference.quantizers import MX
 from reference.schemes import SCHEMES
 
 from harness.backends import Declined, backend_available, backend_structure, known_failure_for
@@ -54,19 +57,66 @@ def share_by_name(share: str) -> tuple[ModelLayer, int]:
     return MODEL_LAYERS[model], int(tp or 1)
 
 
+def share_intermediate(layer: ModelLayer, tp: int, scheme: str) -> tuple[int, int]:
+    """(I of one rank's weights, how many of those channels are real) for this scheme. I / tp when it is whole
+    weight blocks; else, for MX weights, vLLM's MXFP4 layout (gpt-oss at TP 4 and 8, I / tp = 720 and 360): every
+    rank's I rounded up to two blocks (64), the checkpoint's I sharded at that size, so the last rank holds what is
+    left and zeros after it (codes and scales zero, as vLLM allocates them): TP 4: 768 with 576 real, TP 8: 384 with
+    192 real. That last rank is the share modelled here. Other schemes' partial blocks stay an error."""
+    i = layer.intermediate_size // tp
+    sch = SCHEMES[scheme]
+    block = max(sch.k_multiple(), sch.n_multiple())
+    if i % block == 0 or sch.weight.kind is not MX:
+        return i, i
+    rank = -(-i // (2 * block)) * 2 * block
+    return rank, layer.intermediate_size - (tp - 1) * rank
+
+
+def zero_padded_channels(ckpt, real: int):
+    """ckpt with its intermediate channels from `real` on zero: GEMM1's rows for them (gate and up) and GEMM2's
+    columns, codes and block scales, and their GEMM1 biases (share_intermediate's padded last rank)."""
+    act, i = ckpt.activation, ckpt.intermediate_size
+    if real == i:
+        return ckpt
+    ch = torch.arange(real, i)
+    rows = (torch.stack([2 * ch, 2 * ch + 1]).flatten() if act.interleaved else torch.cat([ch, ch + i])) \
+        if act.gated else ch
+
+    def cut(t: torch.Tensor | None, dim: int, index=None):
+        if t is None:
+            return None
+        t = t.clone()
+        if index is not None:
+            t.index_fill_(dim, index.to(t.device), 0)
+        else:  # GEMM2's K (I) along the last dim, packed: the same fraction of it
+            if (real * t.shape[-1]) % i:
+                raise ValueError(f"{real} of {i} channels is not a whole number of packed columns ({t.shape[-1]})")
+            t[..., real * t.shape[-1] // i:] = 0
+        return t
+
+    w13 = dataclasses.replace(ckpt.w13, data=cut(ckpt.w13.data, 1, rows), scale=cut(ckpt.w13.scale, 1, rows))
+    w2 = dataclasses.replace(ckpt.w2, data=cut(ckpt.w2.data, -1), scale=cut(ckpt.w2.scale, -1))
+    return dataclasses.replace(ckpt, w13=w13, w2=w2, b13=cut(ckpt.b13, 1, rows))
+
+
 def reference_bytes(layer: ModelLayer, tp: int, scheme: str, tokens: int) -> int:
-    """What one case holds on the device at its peak: the routed experts' dequantized weights (fp32, then the
-    float64 copy the reference and its trace keep, and the bound's temporaries: 2.5 float64 copies in all) plus
-    three copies of the checkpoint (the case's, the backend's private copy, the backend's prepared form).
-    gpt-oss-120b bf16 at 64 tokens: 77 GB by this count, 78.7 GB seen on the H200 (results/gpu-issue24/run-9)."""
-    e, k, h, i = layer.num_experts, layer.top_k, layer.hidden_size, layer.intermediate_size // tp
+    """What one case holds on the device at its peak: three copies of the checkpoint (the case's, the backend's
+    private copy, the backend's prepared form), the routed experts' float64 weights (up to EAGER_WEIGHT_BYTES at
+    once, with the fp32 dequantization and the bound's temporaries: 2.5 float64 copies in all; beyond it one expert
+    at a time, ~6 float64 copies of one expert, reference.moe.RoutedWeights) and the trace (every intermediate of
+    every (token, k) pair in float64, with the bound's per-pair deviations: 3 copies).
+    gpt-oss-120b bf16 at 64 tokens: 77 GB by the eager count, 78.7 GB seen on the H200 (results/gpu-issue24/run-9)."""
+    e, k, h, i = layer.num_experts, layer.top_k, layer.hidden_size, share_intermediate(layer, tp, scheme)[0]
     n13 = 2 * i  # every model here is gated
     weights = n13 * h + h * i
     routed = min(e, tokens * k)
     wq = SCHEMES[scheme].weight
     # checkpoint bytes per weight: bf16, FP4 codes packed two per byte, FP6/FP8 codes one per byte; block scales
     per = 2.0 if wq is None else (0.5 if wq.elem.ebits + wq.elem.mbits == 3 else 1.0) + 1 / 16
-    return int(routed * weights * 8 * 2.5 + 3 * e * weights * per)
+    f64 = sum(routed * size * 8 * 2.5 if routed * size * 8 <= EAGER_WEIGHT_BYTES else size * 8 * 6
+              for size in (n13 * h, h * i))  # w13 and w2, each eager or one expert at a time
+    trace = tokens * k * (2 * n13 + 4 * i + 4 * h) * 8 * 3
+    return int(f64 + trace + 3 * e * weights * per)
 
 
 def case_memory_budget() -> int:
@@ -151,18 +201,20 @@ def distinct_experts(layer: ModelLayer, tp: int, scheme: str) -> int:
     which repeat only after lcm(I, H) / block shifts. DISTINCT_EXPERTS, or more where that is short (Qwen3-Next:
     512 experts, 128-row FP8 blocks, I 512 and H 2048 give 16 shifts: 32 experts)."""
     block = SCHEMES[scheme].n_multiple()
-    shifts = math.lcm((layer.intermediate_size // tp) // block, layer.hidden_size // block)
+    shifts = math.lcm(share_intermediate(layer, tp, scheme)[0] // block, layer.hidden_size // block)
     return max(DISTINCT_EXPERTS, math.ceil(layer.num_experts / shifts))
 
 
 def share_checkpoint(share: str, scheme: str, activation, device, seed: int = 0):
     """The share's checkpoint with biases (distinct_experts() quantized from random weights, the rest derived), on
-    `device`. A backend that takes no biases gets it without them (`dataclasses.replace(ckpt, b13=None, b2=None)`:
+    `device`; a padded last-rank share (share_intermediate) with its padding zero. A backend that takes no biases gets it without them (`dataclasses.replace(ckpt, b13=None, b2=None)`:
     its static input scales were calibrated with them, still a valid checkpoint)."""
     layer, tp = share_by_name(share)
-    return make_checkpoint(scheme, activation, layer.num_experts, layer.hidden_size, layer.intermediate_size // tp,
-                           seed=seed, with_bias=True, distinct_experts=distinct_experts(layer, tp, scheme),
-                           device=device)
+    rank, real = share_intermediate(layer, tp, scheme)
+    return zero_padded_channels(make_checkpoint(scheme, activation, layer.num_experts, layer.hidden_size, rank,
+                                                seed=seed, with_bias=True,
+                                                distinct_experts=distinct_experts(layer, tp, scheme), device=device),
+                                real)
 
 
 def share_reference(backend, shape: Shape, ckpt, device, seed: int = 0):
@@ -231,8 +283,9 @@ def run_model_share(backends: dict, share: str, scheme: str, host: Platform, dev
         return built[0] if has_bias else dataclasses.replace(built[0], b13=None, b2=None)
 
     for n in tokens:
-        case = f"{share}/T{n}"
-        shape = Shape(*layer.shape(tp, n))
+        rank, real = share_intermediate(layer, tp, scheme)
+        case = f"{share}/T{n}" + (f" (last rank, vLLM's padding: I {rank}, {real} real)" if rank != real else "")
+        shape = dataclasses.replace(Shape(*layer.shape(tp, n)), intermediate_size=rank)
         need = reference_bytes(layer, tp, scheme, n)
         todo = []
         for name, backend in backends.items():
@@ -245,8 +298,10 @@ def run_model_share(backends: dict, share: str, scheme: str, host: Platform, dev
                 ok, reason = False, ("runs on the host CPU: its real-model cases are the CPU's (tools/bound_growth.py "
                                      "--real-shares); here only the GPU's backends")
             if ok and need > case_memory_budget():
-                ok, reason = False, (f"the float64 reference of {min(layer.num_experts, n * layer.top_k)} routed "
-                                     f"experts and the checkpoint's copies need ~{need / _GIB:.0f} GB > the "
+                ok, reason = False, (f"the checkpoint's three copies (the case's, the backend's private copy and "
+                                     f"its prepared form) and the float64 reference of "
+                                     f"{min(layer.num_experts, n * layer.top_k)} routed experts need "
+                                     f"~{need / _GIB:.0f} GB > the "
                                      f"{case_memory_budget() / _GIB:.3g} GB a case may take "
                                      "(MOE_CONFORMANCE_CASE_GB)")
             if not ok:

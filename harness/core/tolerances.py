@@ -45,7 +45,7 @@ from harness.backends.base import K_ORDERS
 from reference.checkpoints import MoECheckpoint
 from reference.activations import gate_and_up
 from reference.fp8 import ScaleApply
-from reference.moe import MoETrace
+from reference.moe import MoETrace, RoutedWeights
 from reference.schemes import ActQuant
 from reference.structure import ActivationEval, Precision, RouterWeight, TopKSum, round_to
 
@@ -318,9 +318,11 @@ def compare(expected: torch.Tensor, got: torch.Tensor, tolerance: Exact | ErrorB
 # ---- the MoE bound -----------------------------------------------------------------------------
 
 
-def _operand_unit(values: torch.Tensor, unit: float) -> float:
+def _operand_unit(values: torch.Tensor | RoutedWeights, unit: float) -> float:
     """`unit` if these GEMM operands are not all exactly bf16 (a kernel may round them to its operand
     type, or apply their scales to partial sums instead of to each operand), else 0."""
+    if isinstance(values, RoutedWeights):  # a real model's routed experts, dequantized one at a time
+        return 0.0 if values.exactly_bf16() else unit
     return 0.0 if bool((values.to(torch.bfloat16).double() == values).all()) else unit
 
 
