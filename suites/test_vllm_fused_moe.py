@@ -174,8 +174,12 @@ def test_triton_kernels_ogs_pads_the_intermediate_size_as_vllm_without_changing_
 
 
 def test_model_shapes_skip_a_share_the_block_does_not_divide(capsys):
+    """gpt-oss-20b at TP 8 (I / tp = 360): NVFP4's 16-blocks do not divide it (skipped, saying so); MXFP4 runs as
+    vLLM's padded last rank (harness.core.real_shapes.share_intermediate)."""
     from harness.__main__ import main
 
     assert main(["model-shapes", "--backend", "torch_emulation", "--model", "gpt-oss-20b", "--tp", "8",
-                 "--tokens", "1", "--scheme", "w_mxfp4"]) == 0
-    assert "intermediate_size=360 must be a positive multiple of 32" in capsys.readouterr().out
+                 "--tokens", "1", "--scheme", "w_nvfp4", "--scheme", "w_mxfp4"]) == 0
+    out = capsys.readouterr().out
+    assert "intermediate_size=360 must be a positive multiple of 16" in out
+    assert "passed   gpt-oss-20b/tp8/T1 (last rank, vLLM's padding: I 384, 192 real)/w_mxfp4/torch_emulation" in out, out
