@@ -27,16 +27,23 @@ def test_placement_is_the_code_value_times_2_pow_minus_126():
     assert torch.equal(placed * 2.0**126, E2M1.values.double())
 
 
-def test_e4m3_placement_times_2_pow_120_is_every_finite_code_value():
-    """NVFP4's block scales in triton_bitplace: every finite E4M3 code (subnormals included) placed into bf16
-    bits and multiplied by 2^120 is its value; and each product with every E2M1 value is a bf16 value."""
+def test_nvfp4_factor_placed_and_folded_decodes_every_code_and_scale_to_value_times_2_pow_minus_7():
+    """NVFP4 in triton_bitplace: every finite E4M3 code (subnormals included) placed into bf16 bits (value
+    x 2^-120) and multiplied by 2^127, then 2^112 (bf16 multiplies, in the kernel's order: neither leaves bf16's
+    range) is its value x 2^119; every placed E2M1 code (value x 2^-126) times that factor, one bf16 multiply as
+    the kernel does, is exactly code value x scale x 2^-7, a bf16 normal: the global scale takes the 2^7."""
     codes = torch.arange(256, dtype=torch.uint8)
     want = E4M3FN.values.double()
     finite = torch.isfinite(want)
-    got = place_e4m3(codes) * torch.tensor(2.0**120, dtype=torch.bfloat16)  # the bf16 multiply the kernel does
-    assert torch.equal(got.double()[finite], want[finite])
-    products = want[finite][:, None] * E2M1.values.double()[None, :]
-    assert torch.equal(products.bfloat16().double(), products)
+    bf = lambda x: torch.tensor(x, dtype=torch.bfloat16)  # noqa: E731
+    factor = place_e4m3(codes) * bf(2.0**127) * bf(2.0**112)
+    assert torch.equal(factor.double()[finite], want[finite] * 2.0**119)
+    placed = place_e2m1(torch.arange(16, dtype=torch.uint8))
+    products = placed[:, None] * factor[finite][None, :]  # [E2M1 code, scale]: bf16 x bf16 -> bf16
+    exact = E2M1.values.double()[:, None] * want[finite][None, :] * 2.0**-7
+    assert torch.equal(products.double(), exact)
+    nonzero = exact != 0
+    assert bool((exact[nonzero].abs() >= 2.0**-126).all())  # normal: no flush anywhere downstream can bite
 
 
 def _matches_reference(decode, top: int) -> bool:

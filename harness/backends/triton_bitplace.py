@@ -7,8 +7,8 @@ chunk of a row, the 32 codes one thread multiplies are 16 contiguous bytes, the 
 register 16 bits apart in a word) and the block scales in whole words per chunk (MX stored as the exponent field
 of 2^(s - 1)); both are pure data movements with inverses (suites/test_fp4_bits.py). The kernel loads each row's
 16 bytes with one 16-byte load per thread, places each E2M1 code's bits into a bf16 (value x 2^-126) two at a
-time, and multiplies each bf16x2 by the block factor: for MXFP4 2^(s - 1) (the 2^126 bias folded in), for NVFP4
-2^126 and then the E4M3 block scale (the global scale on the accumulator). harness/backends/fp4_bits.py states
+time, and multiplies each bf16x2 by the block factor once: for MXFP4 2^(s - 1) (the 2^126 bias folded in), for NVFP4
+the E4M3 block scale x 2^119 (the rest of the bias, 2^7, folded into the global scale on the accumulator). harness/backends/fp4_bits.py states
 the contract and checks it for every byte and scale. The tile is the MMA's wide side (weights x tokens^T) and
 its layout is already the operand's: no shared-memory round trip, no lookup, no integer-to-float conversion, no
 NaN select. A checkpoint with an MX block scale above 2 (E8M0 > 128, where the fold would leave bf16), the NaN
@@ -82,6 +82,10 @@ class TritonBitplaceBackend(TritonEmulationBackend):
         laid = dict(w13=mma_order_codes(ckpt.w13.data).to(self.device), w2=mma_order_codes(ckpt.w2.data).to(self.device),
                     w13_scale=bitplace_scales(scales[0], mx, 128 // block).to(self.device),
                     w2_scale=bitplace_scales(scales[1], mx, 128 // block).to(self.device))
+        if not mx:  # the kernel's NVFP4 weights are value x 2^-7 (triton_kernels._fp4_bitplace_tile): an exact
+            # power of two on the per-expert global scale, applied to the fp32 accumulator (the same roundings)
+            laid.update(w13_expert_scale=prep.w13_expert_scale * _NVFP4_FOLD, w2_expert_scale=prep.w2_expert_scale
+                        * _NVFP4_FOLD)
         return dataclasses.replace(prep, constexprs=dict(BITPLACE=True), **laid)
 
 
@@ -174,6 +178,7 @@ def unbitplace_scales(words: torch.Tensor, blocks: int, mx: bool) -> torch.Tenso
 
 
 _MX_FOLD = 126  # 2^(s - 1) = 2^(s - 127) x 2^126: the E2M1 placement's bias, folded into the scale's exponent
+_NVFP4_FOLD = 2.0**7  # NVFP4 weights decode to value x 2^-7 (the E4M3 factor x 2^119 replaces a x 2^126 per pair)
 
 
 def make_backend() -> TritonBitplaceBackend:

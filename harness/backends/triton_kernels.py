@@ -344,9 +344,11 @@ def _fp4_bitplace_tile(w_ptr, ws_ptr, expert, n0, ROW_MUL: tl.constexpr, ROW_ADD
       MXFP4 (W_KIND 1): one multiply by 2^(s - 1), the E8M0 block scale with the 2^126 bias folded in (exact
                         for s <= 128, which prepare() checks); prepare() stores s + 126, the exponent field
                         of 2^(s - 1), so the factor is that byte placed at bit 7
-      NVFP4 (W_KIND 2): a multiply by 2^126, then by the E4M3 block scale, itself placed (value x 2^-120)
-                        and multiplied by 2^120 (every product of an E2M1 and an E4M3 value is a bf16 value);
-                        the per-expert global scale multiplies the accumulator.
+      NVFP4 (W_KIND 2): one multiply by the E4M3 block scale times 2^119 (placed: value x 2^-120, then
+                        x 2^127 and x 2^112, per scale rather than per value), so each weight is its value
+                        x 2^-7: every product of an E2M1 and an E4M3 value is a bf16 value, and x 2^-7 keeps the
+                        smallest (0.5 x 2^-9) normal and s x 2^119 below bf16's largest; prepare() folds the
+                        2^7 back into the per-expert global scale that multiplies the accumulator.
     bf16 on the GPU; fp32 (the same placement, 16 bits higher) under the interpreter, whose bf16 is unsound."""
     e64 = expert.to(tl.int64)
     n = _mma_rows(n0, REPS)
@@ -383,12 +385,16 @@ def _fp4_bitplace_tile(w_ptr, ws_ptr, expert, n0, ROW_MUL: tl.constexpr, ROW_ADD
         if INTERPRET_DOT:
             sbytes = tl.reshape(_bytes_of_words(sw), (8, 4, REPS, 2, 1, 4 * SWP))
             e4m3 = ((((sbytes & 0x7F) << 4) | ((sbytes & 0x80) << 8)) << 16).to(tl.float32, bitcast=True)
-            fbits = ((e4m3 * 1.329227995784916e36).to(tl.uint32, bitcast=True) >> 16).to(tl.int32)
+            e4m3 = (e4m3 * 1.7014118346046923e38) * 5.192296858534828e33  # x 2^127 x 2^112: s x 2^119
+            fbits = (e4m3.to(tl.uint32, bitcast=True) >> 16).to(tl.int32)
         else:
-            # bytes (0, 2) and (1, 3) of each word placed two at a time as bf16x2 words, one packed multiply by
-            # 2^120 each, then split into the blocks' bits
-            even = _mul_bf16x2(((sw & 0x007F007F) << 4) | ((sw & 0x00800080) << 8), 0x7B807B80)
-            odd = _mul_bf16x2((((sw >> 8) & 0x007F007F) << 4) | (((sw >> 8) & 0x00800080) << 8), 0x7B807B80)
+            # bytes (0, 2) and (1, 3) of each word placed two at a time as bf16x2 words (value x 2^-120), two
+            # packed multiplies each, by 2^127 and 2^112 (s x 2^119; in that order nothing leaves bf16's range),
+            # then split into the blocks' bits
+            even = _mul_bf16x2(_mul_bf16x2(((sw & 0x007F007F) << 4) | ((sw & 0x00800080) << 8), 0x7F007F00),
+                               0x77807780)
+            odd = _mul_bf16x2(_mul_bf16x2((((sw >> 8) & 0x007F007F) << 4) | (((sw >> 8) & 0x00800080) << 8),
+                                          0x7F007F00), 0x77807780)
             fbits = tl.join(tl.join(even & 0xFFFF, odd & 0xFFFF), tl.join((even >> 16) & 0xFFFF, (odd >> 16) & 0xFFFF))
             fbits = tl.reshape(tl.permute(fbits, (0, 1, 2, 3, 4, 6, 5)), (8, 4, REPS, 2, 1, 4 * SWP))  # block order
     # codes n = 4 i0 + p of word 4t + q -> their 16-bit float bits; codes p and p + 4 (columns c and c + 1) placed
@@ -430,12 +436,10 @@ def _mul_bf16x2(x, c):
 
 @_device
 def _scaled_halves_bf16(pair, fbits, W_KIND: tl.constexpr):
-    """The two bf16 values of a placed pair (value x 2^-126 each) times the block factor fbits (bf16 bits), as
-    packed bf16x2 multiplies (mul.rn keeps subnormals: the placed 0.5): MX one by 2^(s - 1), NVFP4 one by 2^126
-    and one by the E4M3 value. Exact: every product is a bf16 value."""
+    """The two bf16 values of a placed pair (value x 2^-126 each) times the block factor fbits (bf16 bits), as one
+    packed bf16x2 multiply (mul.rn keeps subnormals: the placed 0.5): MX by 2^(s - 1), NVFP4 by the E4M3 value
+    x 2^119. Exact: every product is a bf16 value (NVFP4's x 2^-7 of the weight is the global scale's x 2^7)."""
     f2 = fbits | (fbits << 16)
-    if W_KIND == 2:
-        pair = _mul_bf16x2(pair, 0x7E807E80)  # x 2^126
     pair = tl.inline_asm_elementwise("mul.rn.bf16x2 $0, $1, $2;", "=r,r,r", [pair, f2], dtype=tl.int32, is_pure=True,
                                      pack=1)
     return tl.inline_asm_elementwise("mov.b32 {$0, $1}, $2;", "=h,=h,r", [pair], dtype=(tl.bfloat16, tl.bfloat16),
@@ -448,9 +452,6 @@ def _scaled_halves_f32(pair, fbits, W_KIND: tl.constexpr):
     f = (fbits << 16).to(tl.float32, bitcast=True)
     lo = ((pair & 0xFFFF) << 16).to(tl.float32, bitcast=True)
     hi = ((pair >> 16) << 16).to(tl.float32, bitcast=True)
-    if W_KIND == 2:
-        lo = lo * 8.507059173023462e37  # 2^126
-        hi = hi * 8.507059173023462e37
     return lo * f, hi * f
 
 
