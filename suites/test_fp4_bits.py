@@ -176,9 +176,35 @@ def test_the_bitplace_kernel_reads_k_tails(scheme, tiles):
         backend.configure(block_m=16, block_k=128, num_warps=4, num_stages=2, **tiles)
     shape = backend_shape(backend, Shape(num_experts=4, hidden_size=160, intermediate_size=96, tokens=7, top_k=3))
     ckpt, inputs, out, trace = reference_run(scheme, "SWIGLUOAI", "e4m3fn", shape, 3, backend_structure(backend))
-    assert backend.prepare(ckpt).constexprs == dict(BITPLACE=True)
+    assert backend.prepare(ckpt).constexprs == dict(BITPLACE=True, ROW_PAIRS=False)
     result = compare_backend(backend, ckpt, inputs, out, trace, f"K tail/{scheme}")
     assert result.ok, result.message()
+
+
+@pytest.mark.parametrize("tiles", [{}, dict(block_n=128, w2_block_n=128, split_k=2)], ids=["default", "two_reps_split_k"])
+@pytest.mark.parametrize("scheme,act", [("w_mxfp4", "SWIGLUOAI"), ("w_nvfp4", "SILU"), ("w_nvfp4_a_nvfp4", "SWIGLUOAI")])
+def test_rows_stored_in_pairs_give_the_same_outputs_bit_for_bit(scheme, act, tiles):
+    """Issue 28's whole-line layout (TritonBitplaceBackend.row_pairs: rows 2m, 2m + 1 side by side chunk by chunk,
+    interleaved gate/up rows stored as halves first) only moves bytes and addresses: the outputs are the default
+    layout's bit for bit, K tails and split-K included; pair_rows and deinterleave_rows are inverted exactly."""
+    from harness.backends.triton_bitplace import TritonBitplaceBackend, pair_rows, unpair_rows
+    from harness.core.conformance import Shape, backend_shape, case_inputs, case_checkpoint
+
+    t = torch.randint(0, 256, (3, 6, 4 * 64), dtype=torch.uint8)
+    assert torch.equal(unpair_rows(pair_rows(t, 64), 64), t) and not torch.equal(pair_rows(t, 64), t)
+    outs = []
+    for paired in (False, True):
+        backend = TritonBitplaceBackend()
+        backend.row_pairs = paired
+        if tiles:
+            backend.configure(block_m=16, block_k=128, num_warps=4, num_stages=2, **tiles)
+        shape = backend_shape(backend, Shape(num_experts=4, hidden_size=160, intermediate_size=96, tokens=7, top_k=3))
+        ckpt = case_checkpoint(scheme, act, "e4m3fn", shape, 3, True)
+        x, w, ids = case_inputs(shape, 3)
+        prep = backend.prepare(ckpt)
+        assert prep.constexprs == dict(BITPLACE=True, ROW_PAIRS=paired)
+        outs.append(backend.forward(prep, x, w, ids))
+    assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
 
 
 def _place_pairs(word: torch.Tensor) -> list[torch.Tensor]:

@@ -20,6 +20,7 @@ interpreter; the H200 runs passed the conformance suite (results/gpu-issue15/).
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import torch
 
@@ -45,6 +46,10 @@ BITPLACE_TILES = (
 
 class TritonBitplaceBackend(TritonEmulationBackend):
     name = "triton_bitplace"
+    # Issue 28's experiment, off until an H200 run times it: rows stored in pairs, chunk by chunk (pair_rows), so
+    # that each load of codes is whole 128-byte lines, as triton_kernels' Hopper layout does
+    # (results/cpu-issue28/). MOE_CONFORMANCE_BITPLACE_ROW_PAIRS=1 turns it on for a run.
+    row_pairs = os.environ.get("MOE_CONFORMANCE_BITPLACE_ROW_PAIRS", "0") == "1"
 
     def supports(self, problem, platform) -> tuple[bool, str]:
         w, act = problem.scheme.weight, problem.scheme.act
@@ -79,14 +84,21 @@ class TritonBitplaceBackend(TritonEmulationBackend):
         if not exact:
             return dataclasses.replace(prep, constexprs=dict(BITPLACE=False))
         block = 32 if mx else 16
-        laid = dict(w13=mma_order_codes(ckpt.w13.data).to(self.device), w2=mma_order_codes(ckpt.w2.data).to(self.device),
-                    w13_scale=bitplace_scales(scales[0], mx, 128 // block).to(self.device),
-                    w2_scale=bitplace_scales(scales[1], mx, 128 // block).to(self.device))
+        laid = dict(w13=mma_order_codes(ckpt.w13.data), w2=mma_order_codes(ckpt.w2.data),
+                    w13_scale=bitplace_scales(scales[0], mx, 128 // block),
+                    w2_scale=bitplace_scales(scales[1], mx, 128 // block))
+        if self.row_pairs:
+            act = ckpt.activation
+            halves = act.gated and act.interleaved  # the kernel then reads gate rows, then up rows
+            chunk_bytes = dict(w13=64, w2=64, w13_scale=128 // block, w2_scale=128 // block)
+            laid = {k: pair_rows(deinterleave_rows(v) if halves and k.startswith("w13") else v, chunk_bytes[k])
+                    for k, v in laid.items()}
+        laid = {k: v.to(self.device) for k, v in laid.items()}
         if not mx:  # the kernel's NVFP4 weights are value x 2^-7 (triton_kernels._fp4_bitplace_tile): an exact
             # power of two on the per-expert global scale, applied to the fp32 accumulator (the same roundings)
             laid.update(w13_expert_scale=prep.w13_expert_scale * _NVFP4_FOLD, w2_expert_scale=prep.w2_expert_scale
                         * _NVFP4_FOLD)
-        return dataclasses.replace(prep, constexprs=dict(BITPLACE=True), **laid)
+        return dataclasses.replace(prep, constexprs=dict(BITPLACE=True, ROW_PAIRS=self.row_pairs), **laid)
 
 
 # The stored order of one 128-value chunk of a row: code n = 4 i0 + 2 i2 + i1 of word 4t + q holds column 32q +
@@ -154,6 +166,28 @@ def natural_order_codes(stored: torch.Tensor, k: int) -> torch.Tensor:
     inverse = [_STORED_FROM_COLUMNS.index(d) for d in range(5)]
     codes = word_codes(stored).view(e, n, chunks, *dims).permute(0, 1, 2, *(3 + d for d in inverse))
     return pack_fp4(codes.reshape(e, n, chunks * _CHUNK)[..., :k].contiguous())
+
+
+def deinterleave_rows(t: torch.Tensor) -> torch.Tensor:
+    """[E, 2n, ...] rows (gate, up, gate, up, ..) -> the gate rows, then the up rows. A pure data movement."""
+    return torch.cat([t[:, 0::2], t[:, 1::2]], dim=1).contiguous()
+
+
+def pair_rows(t: torch.Tensor, chunk_bytes: int) -> torch.Tensor:
+    """[E, N, chunks * chunk_bytes] bytes per row (per 128-value chunk: 64 of codes, 4 or 8 of scales) -> the same
+    bytes with rows 2m and 2m + 1 side by side chunk by chunk ([E, N / 2, chunks, 2, chunk_bytes] flattened back
+    to [E, N, chunks * chunk_bytes]). A pure data movement; unpair_rows inverts it."""
+    e, n, width = t.shape
+    if n % 2 or width % chunk_bytes:
+        raise ValueError(f"pair_rows needs an even number of rows and whole chunks, got {tuple(t.shape)} "
+                         f"with {chunk_bytes}-byte chunks")
+    return t.view(e, n // 2, 2, width // chunk_bytes, chunk_bytes).transpose(2, 3).reshape(e, n, width).contiguous()
+
+
+def unpair_rows(t: torch.Tensor, chunk_bytes: int) -> torch.Tensor:
+    """The inverse of pair_rows."""
+    e, n, width = t.shape
+    return t.view(e, n // 2, width // chunk_bytes, 2, chunk_bytes).transpose(2, 3).reshape(e, n, width).contiguous()
 
 
 def bitplace_scales(scales: torch.Tensor, mx: bool, per_chunk: int) -> torch.Tensor:

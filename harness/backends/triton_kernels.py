@@ -333,7 +333,7 @@ def _to_mma_order(x, REPS: tl.constexpr, INNER: tl.constexpr):
 @_device
 def _fp4_bitplace_tile(w_ptr, ws_ptr, expert, n0, ROW_MUL: tl.constexpr, ROW_ADD, n_limit, ci, N_ROWS, K,
                        W_KIND: tl.constexpr, REPS: tl.constexpr, INTERPRET_DOT: tl.constexpr, QW: tl.constexpr = 4,
-                       QH: tl.constexpr = 0):
+                       QH: tl.constexpr = 0, ROW_PAIRS: tl.constexpr = False):
     """[64 * REPS, 32 QW] FP4 weights of rows ROW_MUL * n + ROW_ADD (n = n0 .. n0 + 64 REPS - 1), chunk ci of K
     (QW = 4), or its columns [32 QW QH, 32 QW (QH + 1)) (QW = 2: words 4t + 2 QH, +1 of each thread-group),
     by bit placement (harness/backends/fp4_bits.py, checked exhaustively), from the layout that
@@ -349,6 +349,8 @@ def _fp4_bitplace_tile(w_ptr, ws_ptr, expert, n0, ROW_MUL: tl.constexpr, ROW_ADD
                         x 2^-7: every product of an E2M1 and an E4M3 value is a bf16 value, and x 2^-7 keeps the
                         smallest (0.5 x 2^-9) normal and s x 2^119 below bf16's largest; prepare() folds the
                         2^7 back into the per-expert global scale that multiplies the accumulator.
+    ROW_PAIRS: rows 2m and 2m + 1 stored chunk by chunk side by side (triton_bitplace.pair_rows), so that the lanes
+    of rows g = 0 and 1 (lanes 0-7) read one whole 128-byte line of codes per load, and the scales likewise.
     bf16 on the GPU; fp32 (the same placement, 16 bits higher) under the interpreter, whose bf16 is unsound."""
     e64 = expert.to(tl.int64)
     n = _mma_rows(n0, REPS)
@@ -356,7 +358,10 @@ def _fp4_bitplace_tile(w_ptr, ws_ptr, expert, n0, ROW_MUL: tl.constexpr, ROW_ADD
     rmask = n < n_limit
     chunks = (K + 127) // 128  # rows padded to whole 128-value chunks by prepare()
     w32 = w_ptr.to(tl.pointer_type(tl.int32))
-    wbase = e64 * N_ROWS * (chunks * 16) + row * (chunks * 16) + ci * 16
+    if ROW_PAIRS:
+        wbase = e64 * N_ROWS * (chunks * 16) + (row // 2) * (chunks * 32) + ci * 32 + (row % 2) * 16
+    else:
+        wbase = e64 * N_ROWS * (chunks * 16) + row * (chunks * 16) + ci * 16
     if QW == 4:
         woffs = tl.arange(0, 16)
     else:
@@ -368,7 +373,10 @@ def _fp4_bitplace_tile(w_ptr, ws_ptr, expert, n0, ROW_MUL: tl.constexpr, ROW_ADD
     # in the rows' order of the codes (no layout conversion)
     SW: tl.constexpr = 1 if W_KIND == 1 else 2
     s32 = ws_ptr.to(tl.pointer_type(tl.int32))
-    sbase = e64 * N_ROWS * (chunks * SW) + row * (chunks * SW) + ci * SW
+    if ROW_PAIRS:
+        sbase = e64 * N_ROWS * (chunks * SW) + (row // 2) * (chunks * 2 * SW) + ci * 2 * SW + (row % 2) * SW
+    else:
+        sbase = e64 * N_ROWS * (chunks * SW) + row * (chunks * SW) + ci * SW
     # the factor of each block as bf16 bits (int32): MX 2^(s - 1), the stored exponent field s + 126 placed at
     # bit 7; NVFP4 the E4M3 value (placed: value x 2^-120, then x 2^120, exact)
     if W_KIND == 1:
@@ -597,6 +605,7 @@ def moe_gemm_kernel(
     HAS_LIMIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     INTERPRET_DOT: tl.constexpr, DOT_SCALED: tl.constexpr = False, DS_FMT: tl.constexpr = "e2m1",
     BITPLACE: tl.constexpr = False, MMA_STEPS: tl.constexpr = 1, SPLIT_K: tl.constexpr = 1,
+    ROW_PAIRS: tl.constexpr = False,
 ):
     """out[pair, n] for BLOCK_M pairs of one expert (rows of a: pair // a_row_div) x BLOCK_N outputs.
 
@@ -625,7 +634,7 @@ def moe_gemm_kernel(
         REPS: tl.constexpr = BLOCK_N // 64
         n0 = pid_n * BLOCK_N
         if GATED:
-            if INTERLEAVED:
+            if INTERLEAVED and not ROW_PAIRS:  # with ROW_PAIRS prepare() stored the gate rows, then the up rows
                 G_MUL: tl.constexpr = 2
                 g_add = 0
                 u_add = 1
@@ -651,11 +660,11 @@ def moe_gemm_kernel(
                 if INTERPRET_DOT:
                     a = bf16_to_f32(a)
                 wg = _fp4_bitplace_tile(w_ptr, ws_ptr, expert, n0, G_MUL, g_add, N_OUT, ci, N_ROWS, K, W_KIND, REPS,
-                                        INTERPRET_DOT, QW, qh)
+                                        INTERPRET_DOT, QW, qh, ROW_PAIRS)
                 acc_gt += _dot_weights_first(wg, a, INTERPRET_DOT)
                 if GATED:
                     wu = _fp4_bitplace_tile(w_ptr, ws_ptr, expert, n0, G_MUL, u_add, N_OUT, ci, N_ROWS, K, W_KIND,
-                                            REPS, INTERPRET_DOT, QW, qh)
+                                            REPS, INTERPRET_DOT, QW, qh, ROW_PAIRS)
                     acc_ut += _dot_weights_first(wu, a, INTERPRET_DOT)
         acc_g = tl.trans(acc_gt)
         acc_u = tl.trans(acc_ut) if GATED else acc_g
