@@ -95,7 +95,7 @@ def test_the_bitplace_backend_folds_only_where_exact():
 
     ckpt = case_checkpoint("w_mxfp4", "SILU", "e4m3fn", SHAPES["cpu"], 0, False)
     backend = TritonBitplaceBackend()
-    assert backend.prepare(ckpt).constexprs == dict(BITPLACE=True)
+    assert backend.prepare(ckpt).constexprs == dict(BITPLACE=True, ROW_PAIRS=backend.row_pairs)
     for code in (E8M0_FOLDABLE_MAX + 1, 127 + 13, 0xFF):
         scale = ckpt.w2.scale.clone()
         scale[0, 0, 0] = code
@@ -176,7 +176,7 @@ def test_the_bitplace_kernel_reads_k_tails(scheme, tiles):
         backend.configure(block_m=16, block_k=128, num_warps=4, num_stages=2, **tiles)
     shape = backend_shape(backend, Shape(num_experts=4, hidden_size=160, intermediate_size=96, tokens=7, top_k=3))
     ckpt, inputs, out, trace = reference_run(scheme, "SWIGLUOAI", "e4m3fn", shape, 3, backend_structure(backend))
-    assert backend.prepare(ckpt).constexprs == dict(BITPLACE=True, ROW_PAIRS=False)
+    assert backend.prepare(ckpt).constexprs == dict(BITPLACE=True, ROW_PAIRS=backend.row_pairs)
     result = compare_backend(backend, ckpt, inputs, out, trace, f"K tail/{scheme}")
     assert result.ok, result.message()
 
@@ -251,7 +251,7 @@ def test_every_bitplace_tile_configuration_the_sweep_may_pick_is_exact(scheme, b
     shape = backend_shape(backend, Shape(num_experts=4, hidden_size=hidden, intermediate_size=inter, tokens=tokens,
                                          top_k=3))
     ckpt, inputs, out, trace = reference_run(scheme, "SWIGLUOAI", "e4m3fn", shape, seed, backend_structure(backend))
-    assert backend.prepare(ckpt).constexprs == dict(BITPLACE=True)
+    assert backend.prepare(ckpt).constexprs == dict(BITPLACE=True, ROW_PAIRS=backend.row_pairs)
     result = compare_backend(backend, ckpt, inputs, out, trace, f"{scheme} tiles")
     assert result.ok, result.message()
 
