@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.backends.fp4_bits import E8M0_FOLDABLE_MAX, decode_mxfp4_bitplace, place_e2m1, place_e4m3
+from harness.core.conformance import moe_property_examples
 from reference.formats import E2M1, E4M3FN
 from reference.mx import dequantize_mx
 from reference.packing import pack_fp4, unpack_fp4
@@ -232,22 +233,26 @@ def test_the_kernel_places_every_code_at_every_position_of_a_word():
         assert torch.equal(got >> 16, placed[:, p + 4]), p
 
 
-@settings(max_examples=10, deadline=None)
+# ~2.8 s an example under the interpreter: the ci profile (make test, 2 cores) takes 4, dev and nightly more
+@settings(max_examples=moe_property_examples(4 if settings.get_current_profile_name() == "ci" else 12), deadline=None)
 @given(scheme=st.sampled_from(["w_mxfp4", "w_nvfp4", "w_nvfp4_a_nvfp4", "w_mxfp4_a_mxfp4"]),
        block_n=st.sampled_from([64, 128]), w2_block_n=st.sampled_from([0, 64, 128]),
        mma_steps=st.sampled_from([1, 2]), split_k=st.sampled_from([1, 2, 3]), hidden=st.sampled_from([128, 160, 288]),
-       inter=st.sampled_from([96, 128, 160]), tokens=st.integers(1, 9), seed=st.integers(0, 2**16))
+       inter=st.sampled_from([96, 128, 160]), tokens=st.integers(1, 9), seed=st.integers(0, 2**16),
+       row_pairs=st.booleans())
 def test_every_bitplace_tile_configuration_the_sweep_may_pick_is_exact(scheme, block_n, w2_block_n, mma_steps,
-                                                                        split_k, hidden, inter, tokens, seed):
+                                                                        split_k, hidden, inter, tokens, seed,
+                                                                        row_pairs):
     """Each tile key of triton_bitplace that tools/tune_moe.py sweeps (block_n, w2_block_n, mma_steps, split_k), in
-    any combination, at K with and without tails, against the reference: whatever the next H200 sweep puts in
-    BITPLACE_TILES has been checked here first."""
+    any combination, at K with and without tails, with either code layout (row_pairs), against the reference:
+    whatever the next H200 sweep puts in BITPLACE_TILES has been checked here first."""
     from harness.backends import backend_structure
     from harness.backends.triton_bitplace import TritonBitplaceBackend
     from harness.core.conformance import Shape, backend_shape, compare_backend, reference_run
 
     backend = TritonBitplaceBackend().configure(block_m=16, block_n=block_n, block_k=128, num_warps=4, num_stages=2,
                                                 w2_block_n=w2_block_n, mma_steps=mma_steps, split_k=split_k)
+    backend.row_pairs = row_pairs
     shape = backend_shape(backend, Shape(num_experts=4, hidden_size=hidden, intermediate_size=inter, tokens=tokens,
                                          top_k=3))
     ckpt, inputs, out, trace = reference_run(scheme, "SWIGLUOAI", "e4m3fn", shape, seed, backend_structure(backend))
