@@ -26,6 +26,14 @@ CASES = [("bf16", "SILU"), ("w_mxfp4", "SWIGLUOAI"), ("w_mxfp4_a_mxfp4", "SITU")
          ("w_mxfp6_e3m2_a_fp8", "SILU")]
 
 
+def _row_paired():
+    from harness.backends.triton_bitplace import TritonBitplaceBackend
+
+    backend = TritonBitplaceBackend()
+    backend.row_pairs = True
+    return backend
+
+
 def main() -> int:
     b = TritonEmulationBackend()
     for scheme, act in CASES:
@@ -46,13 +54,15 @@ def main() -> int:
                                  # split-K: three programs share 2 (GEMM1) and 1 (GEMM2) chunks, some get none
                                  (TritonBitplaceBackend().configure(block_m=16, block_n=64, block_k=128, num_warps=4,
                                                                     num_stages=3, split_k=3),
-                                  "w_nvfp4_a_nvfp4", "SWIGLUOAI")):
+                                  "w_nvfp4_a_nvfp4", "SWIGLUOAI"),
+                                 # issue 28's row-paired layout (interleaved gate/up stored as halves)
+                                 (_row_paired(), "w_mxfp4", "SWIGLUOAI"), (_row_paired(), "w_nvfp4", "SILU")):
         ckpt = make_checkpoint(scheme, act, tail.num_experts, tail.hidden_size, tail.intermediate_size, seed=1,
                                with_bias=act == "SWIGLUOAI")
         x, w, ids = case_inputs(tail, 1)
         prep = backend.prepare(ckpt)
         if backend.name == "triton_bitplace":  # the bit-placement loop, not its fallback to the emulation decode
-            assert prep.constexprs == dict(BITPLACE=True), prep.constexprs
+            assert prep.constexprs["BITPLACE"], prep.constexprs
         out = backend.forward(prep, x.cuda(), w.cuda(), ids.cuda())
         torch.cuda.synchronize()
         print(backend.name, scheme, act, "K tail", tuple(out.shape), bool(torch.isfinite(out).all()))
