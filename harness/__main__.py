@@ -273,7 +273,10 @@ def _model_shapes(args) -> int:
                 for run in run_model_share(backends, layer.name(tp), scheme, host, device, tokens=tuple(args.tokens),
                                            activation=args.activation, gpu_only=False,
                                            progress=lambda r: print(r.line(), flush=True)):
-                    if run.result is None:
+                    if run.out_of_memory:  # one process, no other case beside it: the GPU is too small for it
+                        tally["failed"] += 1
+                        print(run.line())
+                    elif run.result is None:
                         tally["skipped"] += 1
                         if args.scheme:
                             print(run.line())

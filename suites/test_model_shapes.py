@@ -31,6 +31,10 @@ def test_model_shape(model_share, backends, record_property):
                                                          ok=None if r.result is None else r.result.ok,
                                                          max_ratio=None if r.result is None else r.result.max_ratio)
                                                     for r in runs]))
+    # a run that exhausts the GPU even with every slot held is not a skip: the backend (or the harness's estimate
+    # of what a case holds) needs more than the GPU has; say so loudly
+    exhausted = [r for r in runs if r.out_of_memory and r.alone]
+    assert not exhausted, "\n".join(f"{r.what}: {r.skipped}" for r in exhausted)
     if not judged:
         pytest.skip(f"{share}/{scheme}: no GPU backend runs it here: "
                     + "; ".join(sorted({f'{r.backend}: {r.skipped}' for r in runs}))[:2000])
@@ -80,8 +84,9 @@ def test_runner_says_why_a_case_does_not_run(monkeypatch):
 
 
 def test_gpt_oss_mxfp4_at_tp_4_and_8_is_vllms_padded_last_rank_and_means_its_real_channels():
-    """I / tp = 720 and 360 are not whole 32-blocks: vLLM rounds each rank to 64 and shards at that size, so the
-    last rank holds 576 (TP 4) or 192 (TP 8) real channels and zeros. That share's output is exactly the output of
+    """I / tp = 720 and 360 are not whole 32-blocks: vLLM allocates each rank 768 / 384 channels (rounded to 64)
+    and slices the checkpoint in whole blocks (736 / 384 a rank), so the last rank holds 672 (TP 4) or 192 (TP 8)
+    real channels and zeros. That share's output is exactly the output of
     its real channels alone; a correct backend passes there, and the catalog's K-tail bug (H 2880 = 22.5 tiles of
     128) fails."""
     from harness.core.real_shapes import share_by_name, share_checkpoint, share_intermediate
@@ -92,7 +97,7 @@ def test_gpt_oss_mxfp4_at_tp_4_and_8_is_vllms_padded_last_rank_and_means_its_rea
     from reference.moe import fused_moe
 
     layer, _ = share_by_name("gpt-oss-120b")
-    assert share_intermediate(layer, 4, "w_mxfp4") == (768, 576) and share_intermediate(layer, 8, "w_mxfp4") == (384, 192)
+    assert share_intermediate(layer, 4, "w_mxfp4") == (768, 672) and share_intermediate(layer, 8, "w_mxfp4") == (384, 192)
     assert share_intermediate(layer, 2, "w_mxfp4") == (1440, 1440) and share_intermediate(layer, 8, "bf16") == (360, 360)
     ckpt = share_checkpoint("gpt-oss-20b/tp8", "w_mxfp4", ACTIVATIONS["SWIGLUOAI"], "cpu")
     assert ckpt.intermediate_size == 384 and not ckpt.w13.data[:, 384:].any() and not ckpt.w2.data[..., 96:].any()
@@ -181,3 +186,16 @@ def test_gpu_case_slots_are_held_across_processes_and_released(tmp_path):
         assert taken == 4  # more than the GPU has: all of it
         raise RuntimeError("a failing test")
     assert all(others_can_take(n) for n in slots + ["runner-0"])
+    # every slot (a run again with the GPU to itself): waits for the test holding slot-2, behind the closed gate
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'w'); "
+                               "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(1.5)",
+                               str(tmp_path / "slot-2")], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    import time
+
+    start = time.monotonic()
+    with gpu_case_slot("cpu", None, folder=str(tmp_path), slots=4, at_once=2) as taken:
+        assert taken == 4 and time.monotonic() - start > 0.5
+        assert not others_can_take("gate") and not any(others_can_take(n) for n in slots)
+    holder.wait()
+    assert all(others_can_take(n) for n in slots + ["gate", "runner-0", "runner-1"])

@@ -378,7 +378,7 @@ def _fp4_bitplace_tile(w_ptr, ws_ptr, expert, n0, ROW_MUL: tl.constexpr, ROW_ADD
     else:
         sbase = e64 * N_ROWS * (chunks * SW) + row * (chunks * SW) + ci * SW
     # the factor of each block as bf16 bits (int32): MX 2^(s - 1), the stored exponent field s + 126 placed at
-    # bit 7; NVFP4 the E4M3 value (placed: value x 2^-120, then x 2^120, exact)
+    # bit 7; NVFP4 the E4M3 value x 2^119 (placed: value x 2^-120, then x 2^127 and x 2^112, exact)
     if W_KIND == 1:
         sword = tl.load(s32 + sbase, mask=rmask, other=0) >> (8 * QW * QH)  # this part's blocks in the low bytes
         if QW == 4:

@@ -59,17 +59,19 @@ def share_by_name(share: str) -> tuple[ModelLayer, int]:
 
 def share_intermediate(layer: ModelLayer, tp: int, scheme: str) -> tuple[int, int]:
     """(I of one rank's weights, how many of those channels are real) for this scheme. I / tp when it is whole
-    weight blocks; else, for MX weights, vLLM's MXFP4 layout (gpt-oss at TP 4 and 8, I / tp = 720 and 360): every
-    rank's I rounded up to two blocks (64), the checkpoint's I sharded at that size, so the last rank holds what is
-    left and zeros after it (codes and scales zero, as vLLM allocates them): TP 4: 768 with 576 real, TP 8: 384 with
-    192 real. That last rank is the share modelled here. Other schemes' partial blocks stay an error."""
+    weight blocks; else, for MX weights, vLLM's gpt-oss MXFP4 layout (I / tp = 720 and 360 at TP 4 and 8): each
+    rank's weights hold I / tp rounded up to two blocks (768, 384), the checkpoint's I is sliced per rank in whole
+    blocks (ceil(I / 32 / tp) x 32 channels: 736, 384), and the rest of a rank's rows stay zero (codes, scales,
+    biases: allocated as zeros). The last rank holds the remainder: TP 4: 672 real of 768, TP 8: 192 of 384. That
+    last rank is the share modelled here. Other schemes' partial blocks stay an error."""
     i = layer.intermediate_size // tp
     sch = SCHEMES[scheme]
     block = max(sch.k_multiple(), sch.n_multiple())
     if i % block == 0 or sch.weight.kind is not MX:
         return i, i
     rank = -(-i // (2 * block)) * 2 * block
-    return rank, layer.intermediate_size - (tp - 1) * rank
+    shard = -(-(layer.intermediate_size // block) // tp) * block  # vLLM's slice of the checkpoint per rank
+    return rank, layer.intermediate_size - (tp - 1) * shard
 
 
 def zero_padded_channels(ckpt, real: int):
@@ -154,7 +156,11 @@ def gpu_case_slot(device, need_bytes: int | None, folder: str | None = None, slo
     """The GPU memory a real-shape test needs, as ceil(need / SLOT_GB) of the GPU's slots (80% of its memory in
     SLOT_GB pieces), and one of `at_once` (gpu_cases_at_once) runner places, held across pytest-xdist workers by
     file locks: taken all at once or not at all (then tried again after a random pause), so that concurrent tests
-    never exceed the GPU's memory and never deadlock. need_bytes None: every slot (the GPU to this test alone)."""
+    never exceed the GPU's memory and never deadlock. need_bytes None: every slot (the GPU to this test alone),
+    behind a gate: the request holds the gate file exclusively while it waits (blocking) for the runner place and
+    the slots in order, and other requests take slots only under a shared hold of the gate, so running tests drain
+    and no new one starts meanwhile (otherwise freed slots go to waiting tests at once, and it waits for the whole
+    queue). A request never blocks while it holds a slot, so there is still no deadlock."""
     if slots is None:
         total = torch.cuda.get_device_properties(device).total_memory if str(device) != "cpu" else 0
         slots = max(1, int(0.8 * total // (SLOT_GB * _GIB)))
@@ -177,22 +183,42 @@ def gpu_case_slot(device, need_bytes: int | None, folder: str | None = None, slo
                 break
         return held
 
-    while True:
-        held = take([f"runner-{n}" for n in range(at_once)], 1)
-        if held:
-            held += take([f"slot-{n}" for n in range(slots)], need)
-        ok = len(held) == need + 1
-        try:
-            if ok:
-                yield need
-                return
-        finally:
-            if ok and str(device) != "cpu":
-                torch.cuda.empty_cache()
-            for f in held:
-                fcntl.flock(f, fcntl.LOCK_UN)
-                f.close()
-        time.sleep(pause.uniform(0.05, 0.5))
+    def take_all():
+        held = []
+        for name in ["runner-0", *(f"slot-{n}" for n in range(slots))]:
+            held.append(open(os.path.join(folder, name), "w"))
+            fcntl.flock(held[-1], fcntl.LOCK_EX)  # blocking: the tests holding it finish; none starts (the gate)
+        return held
+
+    with open(os.path.join(folder, "gate"), "w") as gate:
+        while True:
+            if need_bytes is None:
+                fcntl.flock(gate, fcntl.LOCK_EX)
+                held = take_all()
+            else:
+                try:
+                    fcntl.flock(gate, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                except BlockingIOError:  # a request for every slot is waiting or running
+                    held = []
+                else:
+                    held = take([f"runner-{n}" for n in range(at_once)], 1)
+                    if held:
+                        held += take([f"slot-{n}" for n in range(slots)], need)
+                    fcntl.flock(gate, fcntl.LOCK_UN)
+            ok = len(held) == need + 1
+            try:
+                if ok:
+                    yield need
+                    return
+            finally:
+                if ok and str(device) != "cpu":
+                    torch.cuda.empty_cache()
+                for f in held:
+                    fcntl.flock(f, fcntl.LOCK_UN)
+                    f.close()
+                if need_bytes is None:
+                    fcntl.flock(gate, fcntl.LOCK_UN)
+            time.sleep(pause.uniform(0.05, 0.5))
 
 
 def distinct_experts(layer: ModelLayer, tp: int, scheme: str) -> int:
@@ -313,9 +339,12 @@ def run_model_share(backends: dict, share: str, scheme: str, host: Platform, dev
         for key, name, backend, bshape in sorted(todo, key=lambda t: (t[0][2], t[0][0], t[0][1], t[1])):
             start = time.perf_counter()
             run = ModelShareRun(case, scheme, name, known_failure=known_failure_for(backend, scheme, key[2]), tokens=n)
+            inputs = out = trace = None
+            exhausted = False
             try:
                 ckpt = checkpoint(key[2])
                 if key not in reference:
+                    inputs = out = trace = None
                     reference.clear()  # one reference (and its float64 trace) at a time
                     reference[key] = share_reference(backend, bshape, ckpt, device, seed)
                 inputs, out, trace = reference[key]
@@ -329,8 +358,13 @@ def run_model_share(backends: dict, share: str, scheme: str, host: Platform, dev
             except Exception as exc:
                 if not is_out_of_memory(exc):
                     raise
-                run.out_of_memory = True
-                run.skipped = f"out of GPU memory: {str(exc).splitlines()[0][:300]}"
+                run.out_of_memory = exhausted = True
+                run.skipped = f"out of GPU memory: {(str(exc).splitlines() or [type(exc).__name__])[0][:300]}"
+                if str(device) != "cpu":
+                    free, total = torch.cuda.mem_get_info(device)
+                    run.skipped += f" ({free / _GIB:.1f} of {total / _GIB:.0f} GB free at that point)"
+            if exhausted:  # the exception (and its frames' tensors) is gone here; drop the reference too
+                inputs = out = trace = None
                 reference.clear()
                 if str(device) != "cpu":
                     torch.cuda.empty_cache()
@@ -338,6 +372,7 @@ def run_model_share(backends: dict, share: str, scheme: str, host: Platform, dev
             runs.append(run)
             if progress:
                 progress(run)
+        inputs = out = trace = None  # nothing of this token count's reference outlives it
         reference.clear()
     built.clear()
     return runs
@@ -349,7 +384,7 @@ def run_model_share_queued(backends: dict, share: str, scheme: str, host: Platfo
     and the checkpoint's copies, not what a backend allocates for itself (dequantize_all: every expert in bf16,
     21 GB of Kimi-K2's w13; XLA's copies), so a backend can still exhaust the memory beside other cases
     (results/gpu-issue25/run-6): such runs are run again afterwards with every slot held (the GPU to this test),
-    and only a run that exhausts it alone stays skipped, saying so."""
+    and a run that exhausts it alone comes back with out_of_memory and alone set (test_model_shape fails on it)."""
     with gpu_case_slot(device, share_bytes(share, scheme)):
         runs = run_model_share(backends, share, scheme, host, device, progress=progress, **options)
     crowded = {(r.tokens, r.backend) for r in runs if r.out_of_memory}
