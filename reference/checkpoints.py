@@ -257,14 +257,18 @@ def _make_checkpoint(scheme, activation, num_experts, hidden_size, intermediate_
     a1_amax = x_cal.abs().amax() * jitter
     # a derived expert's GEMM1 outputs are its base's, permuted (and so are their amax)
     of_base = torch.arange(num_experts) % base
-    w13_deq = dequantize_weight(ckpt.w13.experts(torch.arange(base)), scheme.weight, ckpt)
     # GEMM2's statistic in float64, rounded to fp32 once: an fp32 GEMM's summation order and its activation's
     # libm are the device's (CPU and H200 a few ulps apart, results/gpu-issue25/run-6); in float64 they agree to
-    # ~1e-13 relative, far inside one fp32 step, so a checkpoint is the same wherever it is built
-    h = torch.einsum("th,enh->etn", x_cal.double(), w13_deq.double())
-    if b13 is not None:
-        h = h + b13[:base, None, :].double()
-    a2_amax = (apply_activation(h, activation).abs().amax(dim=(1, 2))[of_base] * jitter.flip(0).double()).float()
+    # ~1e-13 relative, far inside one fp32 step, so a checkpoint is the same wherever it is built. One base expert
+    # at a time: Mixtral's 8 experts' GEMM1 weights in float64 are 7.5 GB
+    x64 = x_cal.double()
+    base_amax = []
+    for e in range(base):
+        h = x64 @ dequantize_weight(ckpt.w13.experts(torch.tensor([e])), scheme.weight, ckpt)[0].double().T
+        if b13 is not None:
+            h = h + b13[e].double()
+        base_amax.append(apply_activation(h, activation).abs().amax())
+    a2_amax = (torch.stack(base_amax)[of_base] * jitter.flip(0).double()).float()
     return replace(
         ckpt,
         w13_input_scale=_input_scale(a1_amax, scheme, nvfp4_global_convention, fp8_format),

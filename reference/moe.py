@@ -53,7 +53,7 @@ class RoutedWeights:
     def __getitem__(self, index):
         if isinstance(index, tuple):
             return self[index[0]][index[1:]]
-        i = int(index)
+        i = int(index) + (len(self) if int(index) < 0 else 0)
         if self._last is None or self._last[0] != i:
             one = self._weight.experts(self._experts[i:i + 1])
             self._last = (i, dequantize_weight(one, self._ckpt.scheme.weight, self._ckpt).double()[0])
