@@ -64,12 +64,15 @@ class RoutedWeights:
         return all(bool((self[i].to(torch.bfloat16).double() == self[i]).all()) for i in range(len(self)))
 
 
-def routed_weights(weight, experts: torch.Tensor, ckpt: MoECheckpoint, k: int) -> torch.Tensor | RoutedWeights:
-    """These experts' dequantized float64 weights ([E, N, k] logically): a tensor [R, N, k] up to
-    EAGER_WEIGHT_BYTES, else RoutedWeights (the same values, one expert at a time)."""
-    if len(experts) * weight.data.shape[1] * k * 8 <= EAGER_WEIGHT_BYTES:
-        return dequantize_weight(weight.experts(experts), ckpt.scheme.weight, ckpt).double()
-    return RoutedWeights(weight, experts, ckpt)
+def routed_weights(experts: torch.Tensor, ckpt: MoECheckpoint):
+    """The routed experts' dequantized float64 w13 and w2 ([E, N, K] logically): tensors [R, N, K] while both
+    together take up to EAGER_WEIGHT_BYTES, else RoutedWeights for both (the same values, one expert at a time;
+    deciding for the pair keeps the peak monotone in the number of routed experts)."""
+    per_expert = ckpt.w13.data.shape[1] * ckpt.hidden_size + ckpt.w2.data.shape[1] * ckpt.intermediate_size
+    if len(experts) * per_expert * 8 <= EAGER_WEIGHT_BYTES:
+        return tuple(dequantize_weight(w.experts(experts), ckpt.scheme.weight, ckpt).double()
+                     for w in (ckpt.w13, ckpt.w2))
+    return RoutedWeights(ckpt.w13, experts, ckpt), RoutedWeights(ckpt.w2, experts, ckpt)
 
 
 @dataclass
@@ -210,8 +213,7 @@ def fused_moe(
     k = topk_ids.shape[1]
     # only the routed experts are dequantized, and beyond EAGER_WEIGHT_BYTES one at a time (routed_weights)
     experts = topk_ids.reshape(-1).long().unique()
-    w13 = routed_weights(ckpt.w13, experts, ckpt, hsz)
-    w2 = routed_weights(ckpt.w2, experts, ckpt, ckpt.intermediate_size)
+    w13, w2 = routed_weights(experts, ckpt)
     a1_scale, a2_scale = static_activation_scales(ckpt)
     qdq = lambda x, s: activation_qdq(x, aq, ckpt, s, st.fp8_static_scale)  # noqa: E731
 

@@ -81,6 +81,27 @@ def test_runner_says_why_a_case_does_not_run(monkeypatch):
     assert run.result is None and "float64 reference of 384 routed experts" in run.skipped and "> the 0.5 GB a case" in run.skipped
     (run,) = run_model_share(control, "gpt-oss-20b/tp8", "w_nvfp4", cpu, "cpu", tokens=(1,), gpu_only=False)
     assert run.result is None and "intermediate_size=360 must be a positive multiple of 16" in run.skipped
+    # what a backend allocates for itself counts, once it declares it (device_bytes): gpt-oss-20b TP 8 bf16 needs
+    # ~0.6 GB for the reference and the checkpoint's copies
+    monkeypatch.setenv("MOE_CONFORMANCE_CASE_GB", "2")
+    (run,) = run_model_share(control, "gpt-oss-20b/tp8", "bf16", cpu, "cpu", tokens=(1,), gpu_only=False)
+    assert run.result is not None and run.result.ok
+    monkeypatch.setattr(control["control"], "device_bytes", lambda problem: 3 * 2**30, raising=False)
+    (run,) = run_model_share(control, "gpt-oss-20b/tp8", "bf16", cpu, "cpu", tokens=(1,), gpu_only=False)
+    assert run.result is None and "with the 3 GB the backend declares (device_bytes) ~4 GB, > the 2 GB" in run.skipped
+
+
+def test_xla_autotuning_scratch_is_declared_to_the_byte_the_h200_asked_for():
+    """results/gpu-issue25/run-8: XLA asked for 22565355520 bytes for Kimi-K2's GEMM1 autotuning at TP 1 and the
+    H200 had them not; the backend's declaration is that figure, so the case is a skip with the figures."""
+    from harness.backends import Problem, backend_device_bytes
+    from harness.backends.jax_ragged_dot import JaxRaggedDotBackend
+    from reference.activations import ACTIVATIONS
+    from reference.schemes import SCHEMES
+
+    kimi = Problem(SCHEMES["bf16"], ACTIVATIONS["SILU"], num_experts=384, hidden_size=7168, intermediate_size=2048,
+                   tokens=8, top_k=8)
+    assert backend_device_bytes(JaxRaggedDotBackend(device="cpu"), kimi) == 22565355520
 
 
 def test_gpt_oss_mxfp4_at_tp_4_and_8_is_vllms_padded_last_rank_and_means_its_real_channels():

@@ -10,7 +10,7 @@ from importlib.metadata import entry_points
 
 from .base import (Backend, Declined, Problem, backend_accumulation_error, backend_accumulation_truncation,
                    backend_available, backend_bound_declarations,
-                   backend_intermediate_multiple, backend_k_order, backend_operand_dtype,
+                   backend_intermediate_multiple, backend_device_bytes, backend_k_order, backend_operand_dtype,
                    backend_known_failures, backend_prepare, backend_structure, checked_supports, KnownFailure,
                    known_failure_for)
 
@@ -19,7 +19,7 @@ __all__ = ["BUILTIN_BACKENDS", "BACKEND_NAME", "ENTRY_POINT_GROUP", "load_backen
            "backend_accumulation_truncation",
            "backend_bound_declarations", "backend_structure",
            "backend_prepare", "Declined", "checked_supports", "KnownFailure", "backend_known_failures", "known_failure_for",
-           "backend_intermediate_multiple"]
+           "backend_intermediate_multiple", "backend_device_bytes"]
 
 BUILTIN_BACKENDS: dict[str, str] = {
     "triton_emulation": "harness.backends.triton_emulation:make_backend",

@@ -28,6 +28,10 @@ Optional:
                                         (harness.core.tolerances.gemm_magnitudes)
   intermediate_multiple: int            a rank's share of I under tensor parallelism is padded (with zero
                                         weights) to a multiple of this (default 1; torch's FP8 GEMMs: 16)
+  device_bytes(problem) -> int          device memory it allocates beyond the checkpoint's copies (workspaces,
+                                        a compiler's autotuning scratch) at this problem; the real-model-shape
+                                        cases add it to a case's estimate and skip, with the figures, a case
+                                        that would not fit (default 0)
   known_failures: tuple[KnownFailure, ...]
                                         special-value cases it is known to get wrong (run as strict xfails);
                                         its prepare() may decline them while decline_known_failures is set
@@ -56,7 +60,7 @@ from reference.structure import DEFAULT_STRUCTURE, NumericalStructure, structure
 __all__ = ["Problem", "Backend", "backend_operand_dtype", "backend_accumulation_error", "backend_k_order",
            "backend_accumulation_truncation",
            "backend_bound_declarations", "backend_available",
-           "backend_intermediate_multiple",
+           "backend_intermediate_multiple", "backend_device_bytes",
            "backend_structure", "backend_prepare", "Declined", "checked_supports", "KnownFailure",
            "backend_known_failures", "known_failure_for"]
 
@@ -156,6 +160,17 @@ def backend_intermediate_multiple(backend) -> int:
     if isinstance(m, bool) or not isinstance(m, int) or m < 1:
         raise TypeError(f"backend {backend.name!r}: intermediate_multiple must be a positive int, got {m!r}")
     return m
+
+
+def backend_device_bytes(backend, problem: Problem) -> int:
+    """The backend's declared device memory beyond the checkpoint's copies (see device_bytes above)."""
+    fn = getattr(backend, "device_bytes", None)
+    if fn is None:
+        return 0
+    n = fn(problem)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise TypeError(f"backend {backend.name!r}: device_bytes() must return a non-negative int, got {n!r}")
+    return n
 
 
 def backend_available(backend, platform) -> tuple[bool, str]:

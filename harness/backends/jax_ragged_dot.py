@@ -69,6 +69,13 @@ class JaxRaggedDotBackend(TorchGroupedMMBackend):
             return False, "jax.lax.ragged_dot path: the bf16 MoE (scheme bf16) only"
         return self._common_supports(problem)
 
+    def device_bytes(self, problem) -> int:
+        """XLA's GEMM autotuner runs the candidates on fresh copies of the operands: the largest is GEMM1's stacked
+        weights, [E, H, 2I] bf16, inside XLA's redzones (8 MiB each side by default). Kimi-K2 at TP 1: 22565355520
+        bytes asked for, and refused, on the H200 in results/gpu-issue25/run-8, which is this to the byte."""
+        gate = 2 if problem.activation.gated else 1
+        return problem.num_experts * gate * problem.intermediate_size * problem.hidden_size * 2 + 2 * 8 * 2**20
+
     def available(self, platform) -> tuple[bool, str]:
         jax = _jax()
         if jax is None:

@@ -29,7 +29,7 @@ from reference.moe import EAGER_WEIGHT_BYTES, fused_moe
 from reference.quantizers import MX
 from reference.schemes import SCHEMES
 
-from harness.backends import Declined, backend_available, backend_structure, known_failure_for
+from harness.backends import Declined, backend_available, backend_device_bytes, backend_structure, known_failure_for
 from harness.core.conformance import Shape, backend_shape, case_inputs, case_problem, compare_backend
 from harness.core.tolerances import Comparison
 from harness.inputs.model_shapes import MODEL_LAYERS, ModelLayer
@@ -115,8 +115,8 @@ def reference_bytes(layer: ModelLayer, tp: int, scheme: str, tokens: int) -> int
     wq = SCHEMES[scheme].weight
     # checkpoint bytes per weight: bf16, FP4 codes packed two per byte, FP6/FP8 codes one per byte; block scales
     per = 2.0 if wq is None else (0.5 if wq.elem.ebits + wq.elem.mbits == 3 else 1.0) + 1 / 16
-    f64 = sum(routed * size * 8 * 2.5 if routed * size * 8 <= EAGER_WEIGHT_BYTES else size * 8 * 6
-              for size in (n13 * h, h * i))  # w13 and w2, each eager or one expert at a time
+    # w13 and w2 together eager, or both one expert at a time (reference.moe.routed_weights)
+    f64 = routed * weights * 8 * 2.5 if routed * weights * 8 <= EAGER_WEIGHT_BYTES else weights * 8 * 6
     trace = tokens * k * (2 * n13 + 4 * i + 4 * h) * 8 * 3
     return int(f64 + trace + 3 * e * weights * per)
 
@@ -323,12 +323,15 @@ def run_model_share(backends: dict, share: str, scheme: str, host: Platform, dev
             if ok and gpu_only and str(getattr(backend, "device", "cpu")) == "cpu":
                 ok, reason = False, ("runs on the host CPU: its real-model cases are the CPU's (tools/bound_growth.py "
                                      "--real-shares); here only the GPU's backends")
-            if ok and need > case_memory_budget():
+            own = backend_device_bytes(backend, problem) if ok else 0
+            if ok and need + own > case_memory_budget():
                 ok, reason = False, (f"the checkpoint's three copies (the case's, the backend's private copy and "
                                      f"its prepared form) and the float64 reference of "
                                      f"{min(layer.num_experts, n * layer.top_k)} routed experts need "
-                                     f"~{need / _GIB:.0f} GB > the "
-                                     f"{case_memory_budget() / _GIB:.3g} GB a case may take "
+                                     f"~{need / _GIB:.0f} GB"
+                                     + (f", with the {own / _GIB:.0f} GB the backend declares (device_bytes) "
+                                        f"~{(need + own) / _GIB:.0f} GB," if own else "")
+                                     + f" > the {case_memory_budget() / _GIB:.3g} GB a case may take "
                                      "(MOE_CONFORMANCE_CASE_GB)")
             if not ok:
                 runs.append(ModelShareRun(case, scheme, name, skipped=reason, tokens=n))
