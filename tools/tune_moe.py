@@ -2,7 +2,9 @@
 shape (and Qwen3 for NVFP4): median CUDA-graph replay time per config, after an L2 flush.
 
     python3 tools/tune_moe.py [--quick | --prefill] [--case MODEL/SCHEME/BACKEND ...] [--tokens 8 64]
-    (--quick: decode, 8 and 64 tokens; --prefill: 8192 tokens; JSON to $OUT/tune.json, or results/)
+                              [--where KEY=V1,V2 ...]
+    (--quick: decode, 8 and 64 tokens; --prefill: 8192 tokens; --where keeps the grid's configs whose KEY is one
+    of the values, e.g. --where mma_steps=1 --where block_n=64,128; JSON to $OUT/tune.json, or results/)
 
 The best config per (backend, scheme, token count) goes into the backends' tile table
 (harness/backends/triton_emulation.py: TILE_TABLE) by hand, with the run recorded in BENCHMARKS.md.
@@ -28,10 +30,11 @@ PREFILL = [dict(block_m=m, block_n=n, block_k=k, num_warps=w, num_stages=3)
            for m, n, k, w in itertools.product((64, 128), (64, 128), (64,), (4, 8))]
 # triton_bitplace: one 128-value chunk per K step and one warpgroup (its tiles' layout is the wgmma operand's);
 # mma_steps 2 with maxnreg 96 compiles to 96 registers (5 programs per SM instead of 4, no spill in the loop);
-# split_k shares a tile's K chunks among programs (few tokens leave SMs idle: 180 programs at gpt-oss, 1 token)
-BITPLACE_DECODE = [dict(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=s, mma_steps=k, maxnreg=r,
+# split_k shares a tile's K chunks among programs (few tokens leave SMs idle: 180 programs at gpt-oss, 1 token);
+# block_n 128 is 64 row pairs in the row-paired layout (MOE_CONFORMANCE_BITPLACE_ROW_PAIRS=1)
+BITPLACE_DECODE = [dict(block_m=16, block_n=n, block_k=128, num_warps=4, num_stages=s, mma_steps=k, maxnreg=r,
                         split_k=sk)
-                   for s, k, r, sk in itertools.product((3, 4), (1, 2), (0, 96), (1, 2, 4))]
+                   for n, s, k, r, sk in itertools.product((64, 128), (3, 4), (1, 2), (0, 96), (1, 2, 4))]
 BITPLACE_PREFILL = [dict(block_m=m, block_n=64, block_k=128, num_warps=4, num_stages=s)
                     for m, s in itertools.product((64, 128), (2, 3))]
 CASES = [("gpt-oss-120b", "w_mxfp4", "triton_dot_scaled"), ("gpt-oss-120b", "w_mxfp4", "triton_emulation"),
@@ -44,7 +47,10 @@ def main() -> int:
     parser.add_argument("--prefill", action="store_true")
     parser.add_argument("--case", action="append", help="MODEL/SCHEME/BACKEND (default: the built-in cases)")
     parser.add_argument("--tokens", type=int, nargs="+")
+    parser.add_argument("--where", action="append", default=[], metavar="KEY=V1,V2",
+                        help="keep only the grid's configs whose KEY is one of these (ints)")
     args = parser.parse_args()
+    keep = {k: {int(v) for v in vs.split(",")} for k, vs in (w.split("=", 1) for w in args.where)}
     quick, prefill = args.quick, args.prefill
     cases = [tuple(c.split("/")) for c in args.case] if args.case else CASES
     bw = copy_bandwidth()
@@ -64,7 +70,7 @@ def main() -> int:
             best = None
             bitplace = name == "triton_bitplace"
             grid = (BITPLACE_PREFILL if bitplace else PREFILL) if tokens >= 512 else BITPLACE_DECODE if bitplace else DECODE
-            for cfg in grid:
+            for cfg in (c for c in grid if all(c.get(k) in vs for k, vs in keep.items())):
                 backend.configure(**cfg)
                 try:
                     replay, _ = capture(lambda: backend.launch(prep, x, w, ids))

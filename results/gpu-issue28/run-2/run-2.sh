@@ -1,0 +1,14 @@
+#!/bin/bash
+# Issue 28 run-2 (session 15, H200, carry .third_party): run-1 found the row-paired layout 9-15% faster at 64
+# tokens and 5-32% slower at one token with the default layout's tiles. Sweep the decode tiles for both layouts
+# at 1 and 8 tokens (block_n 64 / 128 = 32 / 64 row pairs, split_k 1 / 2 / 4, 3 / 4 stages; mma_steps 2 and
+# maxnreg 96 left out: slower at every point of the earlier sweeps), MXFP4 on gpt-oss-120b and Kimi-K2.
+export PYTHONUNBUFFERED=1
+for rp in 0 1; do
+  t0=$(date +%s); mkdir -p $OUT/row-pairs-$rp
+  MOE_CONFORMANCE_BITPLACE_ROW_PAIRS=$rp OUT=$OUT/row-pairs-$rp timeout ${LIMIT:-240} python3 tools/tune_moe.py \
+    --case gpt-oss-120b/w_mxfp4/triton_bitplace --case kimi-k2/w_mxfp4/triton_bitplace --tokens 1 8 \
+    --where mma_steps=1 --where maxnreg=0 > $OUT/tune-row-pairs-$rp.log 2>&1
+  echo "row_pairs=$rp: rc=$? $(( $(date +%s) - t0 )) s"
+  grep -E "best|copy bandwidth" $OUT/tune-row-pairs-$rp.log
+done
