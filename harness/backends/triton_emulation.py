@@ -103,6 +103,9 @@ class TritonEmulationBackend:
     numerical_structure = STRUCTURES["rounded_terms"]
     use_dot_scaled = False  # triton_dot_scaled's GEMMs use tl.dot_scaled on the MX weights
     min_block_k = 16
+    # with split-K (triton_bitplace at decode) GEMM2's epilogue and the top-k sum are one launch
+    # (splitk_topk_reduce_kernel, bit for bit the two it replaces: suites/test_fp4_bits.py)
+    fold_topk_sum = True
 
     def __init__(self, device: str | None = None):
         self.device = device or default_device()
@@ -192,11 +195,13 @@ class TritonEmulationBackend:
                    n_out=isz, k_dim=h, apply_act=True, tiles=tiles)
         a2, a2_mode, a2_scale = self._quantize_activation(y, prepared.a2_scale, aq, fp8_fmt)
         z = torch.empty(p, h, dtype=torch.bfloat16, device=dev)
-        self._gemm(prepared, "w2", a2, a2_mode, a2_scale, z, sorted_rows, block_expert, topk_ids, a_row_div=1,
-                   n_out=h, k_dim=isz, apply_act=False, tiles=tiles)
         out = torch.empty(t, h, dtype=torch.bfloat16, device=dev)
-        bh = 128
-        K.topk_reduce_kernel[(t, triton_cdiv(h, bh))](z, topk_weights, out, h, TOP_K=k, BLOCK_H=bh)
+        summed = self._gemm(prepared, "w2", a2, a2_mode, a2_scale, z, sorted_rows, block_expert, topk_ids,
+                            a_row_div=1, n_out=h, k_dim=isz, apply_act=False, tiles=tiles,
+                            topk_sum=(topk_weights, out) if self.fold_topk_sum else None)
+        if not summed:
+            K.topk_reduce_kernel[(t, triton_cdiv(h, TOPK_BLOCK_H))](z, topk_weights, out, h, TOP_K=k,
+                                                                   BLOCK_H=TOPK_BLOCK_H)
         return out
 
     # ---- quantizer entry points (checked bit-exactly by the conformance suite) -------------------
@@ -349,7 +354,9 @@ class TritonEmulationBackend:
         return sorted_rows, block_expert
 
     def _gemm(self, prep: Prepared, which: str, a, a_mode, a_scale, out, sorted_rows, block_expert, topk_ids,
-              a_row_div, n_out, k_dim, apply_act, tiles):
+              a_row_div, n_out, k_dim, apply_act, tiles, topk_sum=None) -> bool:
+        """One grouped GEMM into `out`. topk_sum=(topk_weights, out_tokens) (GEMM2): with split-K the epilogue also
+        does the top-k sum into out_tokens, in the same launch (True returned: out untouched)."""
         ckpt = prep.ckpt
         wq = ckpt.scheme.weight
         act = ckpt.activation
@@ -390,13 +397,25 @@ class TritonEmulationBackend:
             num_warps=tiles["num_warps"], num_stages=tiles["num_stages"], **common, **launch_options,
             **prep.constexprs,
         )
-        if split_k > 1:
-            bp, bn = 16, 64
-            K.splitk_epilogue_kernel[(triton_cdiv(n_pairs, bp), triton_cdiv(n_out, bn))](
-                target, topk_ids.reshape(-1), a_scale if a_mode else dummy,
-                expert_scale if expert_scale is not None else dummy, bias if bias is not None else dummy, out, n_pairs,
-                n_out, n_rows, *scalars, SPLIT_K=split_k, BLOCK_P=bp, BLOCK_N=bn, **common)
+        if split_k == 1:
+            return False
+        operands = (a_scale if a_mode else dummy, expert_scale if expert_scale is not None else dummy,
+                    bias if bias is not None else dummy)
+        if topk_sum is not None and not apply_act:  # one launch fewer at decode (issue 28)
+            weights, out_tokens = topk_sum
+            K.splitk_topk_reduce_kernel[(out_tokens.shape[0], triton_cdiv(n_out, TOPK_BLOCK_H))](
+                target, topk_ids.reshape(-1), weights, *operands, out_tokens, n_pairs, n_out, n_rows,
+                SPLIT_K=split_k, TOP_K=topk_ids.shape[1], A_SCALE=a_mode, HAS_EXPERT_SCALE=expert_scale is not None,
+                HAS_BIAS=bias is not None, BLOCK_H=TOPK_BLOCK_H)
+            return True
+        bp, bn = 16, 64
+        K.splitk_epilogue_kernel[(triton_cdiv(n_pairs, bp), triton_cdiv(n_out, bn))](
+            target, topk_ids.reshape(-1), *operands, out, n_pairs, n_out, n_rows, *scalars, SPLIT_K=split_k,
+            BLOCK_P=bp, BLOCK_N=bn, **common)
+        return False
 
+
+TOPK_BLOCK_H = 128  # columns of the top-k sum per program
 
 _ACTIVATION_QUANTIZERS = {MX: TritonEmulationBackend._mx_activation, NVFP4: TritonEmulationBackend._nvfp4_activation,
                           FP8: TritonEmulationBackend._fp8_activation}

@@ -787,6 +787,35 @@ def moe_align_kernel(ids_ptr, start_ptr, sorted_rows_ptr, block_expert_ptr, n_pa
 
 
 @triton.jit
+def splitk_topk_reduce_kernel(part_ptr, ids_ptr, w_ptr, a_scale_ptr, expert_scale_ptr, bias_ptr, out_ptr, n_pairs, H,
+                              N_ROWS, SPLIT_K: tl.constexpr, TOP_K: tl.constexpr, A_SCALE: tl.constexpr,
+                              HAS_EXPERT_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_H: tl.constexpr):
+    """GEMM2's split-K sums, its epilogue and the top-k sum in one launch (decode, where a launch costs a few us
+    beside GEMMs of tens): per token, per pair j in order, the partials [SPLIT_K, pairs, 2, H] added in split order,
+    scaled, biased and rounded to bf16 (gemm2_out), then weighted and summed in fp32 and rounded once. The same
+    operations in the same order as splitk_epilogue_kernel followed by topk_reduce_kernel: bit for bit theirs."""
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    mask = h < H
+    acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
+    for j in range(TOP_K):
+        pair = t * TOP_K + j
+        z = tl.zeros((BLOCK_H,), dtype=tl.float32)
+        for s in range(SPLIT_K):  # in order: deterministic
+            z += tl.load(part_ptr + ((s * n_pairs + pair) * 2) * H + h, mask=mask, other=0.0)
+        expert = tl.load(ids_ptr + pair).to(tl.int32)
+        if A_SCALE == 1:
+            z = z * tl.load(a_scale_ptr)
+        if HAS_EXPERT_SCALE:
+            z = z * tl.load(expert_scale_ptr + expert)
+        if HAS_BIAS:
+            z = z + tl.load(bias_ptr + expert.to(tl.int64) * N_ROWS + h, mask=mask, other=0.0)
+        wj = tl.load(w_ptr + pair)
+        acc += wj * round_bf16(z)
+    tl.store(out_ptr + t * H + h, f32_to_bf16(round_bf16(acc)), mask=mask)
+
+
+@triton.jit
 def topk_reduce_kernel(z_ptr, w_ptr, out_ptr, H, TOP_K: tl.constexpr, BLOCK_H: tl.constexpr):
     """out[t] = bf16(sum_j w[t, j] * z[t * TOP_K + j]) in fp32, j in order: deterministic, no atomics."""
     t = tl.program_id(0).to(tl.int64)
