@@ -4,7 +4,7 @@
 # the reference decides eager/one-at-a-time for w13 and w2 together) and the model-shapes CLI with a host-CPU
 # backend on a GPU host (the checkpoint is handed to it on the host).
 export PYTHONUNBUFFERED=1
-timeout 500 python3 -m pytest -p no:cacheprovider -q -rA --junitxml=$OUT/junit.xml \
+timeout ${LIMIT9:-500} python3 -m pytest -p no:cacheprovider -q -rA --junitxml=$OUT/junit.xml \
   "suites/test_model_shapes.py::test_model_shape[kimi-k2/bf16]" \
   suites/test_vllm_fused_moe.py::test_model_shapes_skip_a_share_the_block_does_not_divide \
   -s > $OUT/run-9.log 2>&1
