@@ -183,10 +183,11 @@ def test_the_bitplace_kernel_reads_k_tails(scheme, tiles):
 
 
 @pytest.mark.parametrize("scheme,act", [("w_mxfp4", "SWIGLUOAI"), ("w_nvfp4_a_nvfp4", "SILU")])
-def test_gemm2_split_k_epilogue_folded_into_the_top_k_sum_is_bit_for_bit_the_two_launches(scheme, act):
+def test_split_k_epilogues_that_do_the_next_step_are_bit_for_bit_the_launches_they_replace(scheme, act):
     """splitk_topk_reduce_kernel (GEMM2's split-K sums, scales, bias, gemm2_out rounding and the weighted top-k sum
-    in one launch) gives the outputs of splitk_epilogue_kernel then topk_reduce_kernel bit for bit, with biases,
-    the NVFP4 activation and per-expert global scales (a fold that drops the bias, or rounds once less, fails it)."""
+    in one launch) gives the outputs of splitk_epilogue_kernel then topk_reduce_kernel bit for bit, and GEMM1's
+    split-K epilogue quantizing GEMM2's NVFP4 activations those of nvfp4_quantize_kernel, with biases, static
+    activation scales and per-expert global scales (a fold that drops the bias, or rounds once less, fails it)."""
     from harness.backends.triton_bitplace import TritonBitplaceBackend
     from harness.core.conformance import Shape, backend_shape, case_checkpoint, case_inputs
 
@@ -194,7 +195,7 @@ def test_gemm2_split_k_epilogue_folded_into_the_top_k_sum_is_bit_for_bit_the_two
     for fold in (False, True):
         backend = TritonBitplaceBackend().configure(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=2,
                                                     split_k=2)
-        backend.fold_topk_sum = fold
+        backend.fold_epilogues = fold
         shape = backend_shape(backend, Shape(num_experts=5, hidden_size=160, intermediate_size=96, tokens=3, top_k=3))
         ckpt = case_checkpoint(scheme, act, "e4m3fn", shape, seed=4, bias=True)
         x, w, ids = case_inputs(shape, 4)

@@ -103,9 +103,10 @@ class TritonEmulationBackend:
     numerical_structure = STRUCTURES["rounded_terms"]
     use_dot_scaled = False  # triton_dot_scaled's GEMMs use tl.dot_scaled on the MX weights
     min_block_k = 16
-    # with split-K (triton_bitplace at decode) GEMM2's epilogue and the top-k sum are one launch
-    # (splitk_topk_reduce_kernel, bit for bit the two it replaces: suites/test_fp4_bits.py)
-    fold_topk_sum = True
+    # with split-K (triton_bitplace at decode) the epilogue kernels do the next step too: GEMM2's the top-k sum
+    # (splitk_topk_reduce_kernel), GEMM1's of NVFP4 W4A4 the activation quantization; bit for bit the launches
+    # they replace (suites/test_fp4_bits.py)
+    fold_epilogues = True
 
     def __init__(self, device: str | None = None):
         self.device = device or default_device()
@@ -191,14 +192,19 @@ class TritonEmulationBackend:
         aq, fp8_fmt = ckpt.scheme.act, ckpt.fp8_format
         a1, a1_mode, a1_scale = self._quantize_activation(x, prepared.a1_scale, aq, fp8_fmt)
         y = torch.empty(p, isz, dtype=torch.bfloat16, device=dev)
-        self._gemm(prepared, "w13", a1, a1_mode, a1_scale, y, sorted_rows, block_expert, topk_ids, a_row_div=k,
-                   n_out=isz, k_dim=h, apply_act=True, tiles=tiles)
-        a2, a2_mode, a2_scale = self._quantize_activation(y, prepared.a2_scale, aq, fp8_fmt)
+        # NVFP4 W4A4: a split-K epilogue stores GEMM2's activation values itself (nvfp4_quantize_kernel's)
+        fold_nvfp4 = self.fold_epilogues and aq is not None and aq.kind is NVFP4
+        if self._gemm(prepared, "w13", a1, a1_mode, a1_scale, y, sorted_rows, block_expert, topk_ids, a_row_div=k,
+                      n_out=isz, k_dim=h, apply_act=True, tiles=tiles,
+                      quantize_nvfp4=prepared.a2_scale if fold_nvfp4 else None):
+            a2, a2_mode, a2_scale = y, 1, prepared.a2_scale.reshape(1)
+        else:
+            a2, a2_mode, a2_scale = self._quantize_activation(y, prepared.a2_scale, aq, fp8_fmt)
         z = torch.empty(p, h, dtype=torch.bfloat16, device=dev)
         out = torch.empty(t, h, dtype=torch.bfloat16, device=dev)
         summed = self._gemm(prepared, "w2", a2, a2_mode, a2_scale, z, sorted_rows, block_expert, topk_ids,
                             a_row_div=1, n_out=h, k_dim=isz, apply_act=False, tiles=tiles,
-                            topk_sum=(topk_weights, out) if self.fold_topk_sum else None)
+                            topk_sum=(topk_weights, out) if self.fold_epilogues else None)
         if not summed:
             K.topk_reduce_kernel[(t, triton_cdiv(h, TOPK_BLOCK_H))](z, topk_weights, out, h, TOP_K=k,
                                                                    BLOCK_H=TOPK_BLOCK_H)
@@ -354,9 +360,10 @@ class TritonEmulationBackend:
         return sorted_rows, block_expert
 
     def _gemm(self, prep: Prepared, which: str, a, a_mode, a_scale, out, sorted_rows, block_expert, topk_ids,
-              a_row_div, n_out, k_dim, apply_act, tiles, topk_sum=None) -> bool:
-        """One grouped GEMM into `out`. topk_sum=(topk_weights, out_tokens) (GEMM2): with split-K the epilogue also
-        does the top-k sum into out_tokens, in the same launch (True returned: out untouched)."""
+              a_row_div, n_out, k_dim, apply_act, tiles, topk_sum=None, quantize_nvfp4=None) -> bool:
+        """One grouped GEMM into `out`; with split-K its epilogue launch may do the next step too (True returned):
+        topk_sum=(topk_weights, out_tokens) (GEMM2): the top-k sum into out_tokens (out untouched);
+        quantize_nvfp4=tensor scale (GEMM1): out holds the next GEMM's NVFP4 activation values."""
         ckpt = prep.ckpt
         wq = ckpt.scheme.weight
         act = ckpt.activation
@@ -409,10 +416,12 @@ class TritonEmulationBackend:
                 HAS_BIAS=bias is not None, BLOCK_H=TOPK_BLOCK_H)
             return True
         bp, bn = 16, 64
+        quantize = quantize_nvfp4 is not None and apply_act
         K.splitk_epilogue_kernel[(triton_cdiv(n_pairs, bp), triton_cdiv(n_out, bn))](
             target, topk_ids.reshape(-1), *operands, out, n_pairs, n_out, n_rows, *scalars, SPLIT_K=split_k,
-            BLOCK_P=bp, BLOCK_N=bn, **common)
-        return False
+            BLOCK_P=bp, BLOCK_N=bn, q_scale_ptr=quantize_nvfp4.reshape(1) if quantize else dummy,
+            QUANT_NVFP4=quantize, **common)
+        return quantize
 
 
 TOPK_BLOCK_H = 128  # columns of the top-k sum per program

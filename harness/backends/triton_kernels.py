@@ -191,21 +191,27 @@ def nvfp4_quantize_kernel(x_ptr, codes_ptr, scales_ptr, values_ptr, s_dec_ptr, n
     pid_b = tl.program_id(1)
     rows, mask, offs = _row_block_tile(n_rows, n_cols, 16, 16, BLOCK_M)
     x = _load_f32(x_ptr, offs, mask)  # bf16 activations or fp32 (the entry points)
-    s_dec = tl.load(s_dec_ptr)
-    s_enc = tl.math.div_rn(1.0, s_dec)
-    amax = tl.max(tl.abs(x), axis=1)
-    block = tl.math.div_rn(amax, 6.0) * s_enc
-    stored = _encode(block, 1.0, 3, -6, 8, 126, 128, False)  # E4M3FN: mbits 3, emin -6, emax 8, max 0x7E
-    stored_v = _decode(stored, 4, 3, 7)
-    denom = stored_v * s_dec
-    safe = tl.where(denom == 0, 1.0, denom)
-    xs = tl.where(denom[:, None] == 0, x * 0.0, tl.math.div_rn(x, safe[:, None]))
-    codes = _encode(xs, 1.0, 1, 0, 2, 7, 8, False)  # E2M1: mbits 1, emin 0, emax 2, max 0x7
+    codes, stored, v = _nvfp4_blocks(x, tl.load(s_dec_ptr), 1)
     tl.store(codes_ptr + offs, codes.to(tl.uint8), mask=mask)
     tl.store(scales_ptr + rows * (n_cols // 16) + pid_b, stored.to(tl.uint8), mask=rows < n_rows)
     if WRITE_VALUES:
-        v = _decode(codes, 2, 1, 1) * stored_v[:, None]
         tl.store(values_ptr + offs, f32_to_bf16(v), mask=mask)
+
+
+@_device
+def _nvfp4_blocks(x, s_dec, AXIS: tl.constexpr):
+    """NVFP4 of fp32 x in blocks of 16 along its last axis AXIS: E2M1 codes, the E4M3 block-scale codes (AXIS
+    reduced) and the values e2m1 x stored, exact in bf16 (s_dec, the fp32 tensor scale, is the GEMM's)."""
+    s_enc = tl.math.div_rn(1.0, s_dec)
+    amax = tl.max(tl.abs(x), axis=AXIS)
+    block = tl.math.div_rn(amax, 6.0) * s_enc
+    stored = _encode(block, 1.0, 3, -6, 8, 126, 128, False)  # E4M3FN: mbits 3, emin -6, emax 8, max 0x7E
+    stored_v = tl.expand_dims(_decode(stored, 4, 3, 7), AXIS)
+    denom = stored_v * s_dec
+    safe = tl.where(denom == 0, 1.0, denom)
+    xs = tl.where(denom == 0, x * 0.0, tl.math.div_rn(x, safe))
+    codes = _encode(xs, 1.0, 1, 0, 2, 7, 8, False)  # E2M1: mbits 1, emin 0, emax 2, max 0x7
+    return codes, stored, _decode(codes, 2, 1, 1) * stored_v
 
 
 @triton.jit
@@ -700,6 +706,19 @@ def _epilogue(acc_g, acc_u, pair, m_mask, n_offs, n_mask, g_row, u_row, expert, 
               APPLY_ACT: tl.constexpr, HAS_LIMIT: tl.constexpr):
     """Scales, bias, the bf16 rounding points and the activation of fp32 sums [pairs, n], stored as bf16. `expert`
     is the block's (a scalar) or each pair's ([pairs, 1], split-K)."""
+    y = _epilogue_values(acc_g, acc_u, n_mask, g_row, u_row, expert, a_scale_ptr, expert_scale_ptr, bias_ptr, N_ROWS,
+                         alpha, beta, beta_lin, limit, A_SCALE, HAS_EXPERT_SCALE, HAS_BIAS, GATED, ACT, APPLY_ACT,
+                         HAS_LIMIT)
+    out_offs = pair.to(tl.int64)[:, None] * N_OUT + n_offs[None, :]
+    tl.store(out_ptr + out_offs, f32_to_bf16(y), mask=m_mask[:, None] & n_mask[None, :])
+
+
+@_device
+def _epilogue_values(acc_g, acc_u, n_mask, g_row, u_row, expert, a_scale_ptr, expert_scale_ptr, bias_ptr, N_ROWS,
+                     alpha, beta, beta_lin, limit, A_SCALE: tl.constexpr, HAS_EXPERT_SCALE: tl.constexpr,
+                     HAS_BIAS: tl.constexpr, GATED: tl.constexpr, ACT: tl.constexpr, APPLY_ACT: tl.constexpr,
+                     HAS_LIMIT: tl.constexpr):
+    """_epilogue's values (fp32 on the bf16 grid), not stored."""
     if A_SCALE == 1:
         sa1 = tl.load(a_scale_ptr)
         acc_g = acc_g * sa1
@@ -719,8 +738,7 @@ def _epilogue(acc_g, acc_u, pair, m_mask, n_offs, n_mask, g_row, u_row, expert, 
         y = round_bf16(_activation(h_g, h_u, ACT, GATED, HAS_LIMIT, limit, alpha, beta, beta_lin))  # act_out
     else:
         y = h_g
-    out_offs = pair.to(tl.int64)[:, None] * N_OUT + n_offs[None, :]
-    tl.store(out_ptr + out_offs, f32_to_bf16(y), mask=m_mask[:, None] & n_mask[None, :])
+    return y
 
 
 @triton.jit
@@ -728,9 +746,12 @@ def splitk_epilogue_kernel(part_ptr, ids_ptr, a_scale_ptr, expert_scale_ptr, bia
                            N_ROWS, alpha, beta, beta_lin, limit, SPLIT_K: tl.constexpr, A_SCALE: tl.constexpr,
                            HAS_EXPERT_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
                            INTERLEAVED: tl.constexpr, ACT: tl.constexpr, APPLY_ACT: tl.constexpr,
-                           HAS_LIMIT: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+                           HAS_LIMIT: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, q_scale_ptr,
+                           QUANT_NVFP4: tl.constexpr):
     """The split-K GEMM's sums: partials [SPLIT_K, pairs, 2, N_OUT] (fp32) added in split order, then the GEMM
-    epilogue of moe_gemm_kernel (each pair's expert from ids_ptr, the flat top-k ids)."""
+    epilogue of moe_gemm_kernel (each pair's expert from ids_ptr, the flat top-k ids). QUANT_NVFP4 (GEMM1 of NVFP4
+    W4A4): the outputs stored are the next GEMM's NVFP4 activation values (tensor scale q_scale_ptr), the launch
+    of nvfp4_quantize_kernel folded in: the same values, from the same fp32 operations."""
     pair = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
     m_mask = pair < n_pairs
     n_offs = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -747,9 +768,20 @@ def splitk_epilogue_kernel(part_ptr, ids_ptr, a_scale_ptr, expert_scale_ptr, bia
         acc_u = acc_g
     expert = tl.load(ids_ptr + pair, mask=m_mask, other=0).to(tl.int32)[:, None]
     g_row, u_row = _gate_up_rows(n_offs, N_OUT, GATED, INTERLEAVED)
-    _epilogue(acc_g, acc_u, pair, m_mask, n_offs, n_mask, g_row, u_row, expert, a_scale_ptr, expert_scale_ptr,
-              bias_ptr, out_ptr, N_OUT, N_ROWS, alpha, beta, beta_lin, limit, A_SCALE, HAS_EXPERT_SCALE, HAS_BIAS,
-              GATED, ACT, APPLY_ACT, HAS_LIMIT)
+    if QUANT_NVFP4:
+        tl.static_assert(BLOCK_N % 16 == 0, "whole 16-column NVFP4 blocks per program")
+        y = _epilogue_values(acc_g, acc_u, n_mask, g_row, u_row, expert, a_scale_ptr, expert_scale_ptr, bias_ptr,
+                             N_ROWS, alpha, beta, beta_lin, limit, A_SCALE, HAS_EXPERT_SCALE, HAS_BIAS, GATED, ACT,
+                             APPLY_ACT, HAS_LIMIT)
+        # columns past N_OUT are zero, as nvfp4_quantize_kernel's masked loads are (N_OUT is whole blocks anyway)
+        y = tl.reshape(tl.where(n_mask[None, :], y, 0.0), (BLOCK_P, BLOCK_N // 16, 16))
+        _, _, v = _nvfp4_blocks(y, tl.load(q_scale_ptr), 2)
+        out_offs = pair.to(tl.int64)[:, None] * N_OUT + n_offs[None, :]
+        tl.store(out_ptr + out_offs, f32_to_bf16(tl.reshape(v, (BLOCK_P, BLOCK_N))), mask=mask)
+    else:
+        _epilogue(acc_g, acc_u, pair, m_mask, n_offs, n_mask, g_row, u_row, expert, a_scale_ptr, expert_scale_ptr,
+                  bias_ptr, out_ptr, N_OUT, N_ROWS, alpha, beta, beta_lin, limit, A_SCALE, HAS_EXPERT_SCALE, HAS_BIAS,
+                  GATED, ACT, APPLY_ACT, HAS_LIMIT)
 
 
 @triton.jit
