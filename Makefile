@@ -31,7 +31,7 @@ third-party: $(SETUP)
 
 # The HTML report is checked in a real browser: Debian's chromium, installed here when missing.
 test: $(SETUP) browser third-party
-	MOE_CONFORMANCE_REQUIRE_BROWSER=1 $(PYTEST) --hypothesis-profile=ci -q -n auto --dist worksteal
+	MOE_CONFORMANCE_REQUIRE_BROWSER=1 $(PYTEST) --hypothesis-profile=ci -q -n auto --dist worksteal --durations=20
 
 # This machine's platform (cpu, sm90, ...) decides the cases: `pytest -m <platform>`. The report
 # (summary.md, index.html, results.json, histograms/, junit.xml) lands in report/ even when cases fail.
