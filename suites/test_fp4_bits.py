@@ -96,7 +96,8 @@ def test_the_bitplace_backend_folds_only_where_exact():
 
     ckpt = case_checkpoint("w_mxfp4", "SILU", "e4m3fn", SHAPES["cpu"], 0, False)
     backend = TritonBitplaceBackend()
-    assert backend.prepare(ckpt).constexprs == dict(BITPLACE=True, ROW_PAIRS=backend.row_pairs)
+    assert backend.prepare(ckpt).constexprs == dict(BITPLACE=True, ROW_PAIRS=backend.row_pairs,
+                                                     DUP_FACTORS=backend.dup_factors)
     for code in (E8M0_FOLDABLE_MAX + 1, 127 + 13, 0xFF):
         scale = ckpt.w2.scale.clone()
         scale[0, 0, 0] = code
@@ -177,7 +178,8 @@ def test_the_bitplace_kernel_reads_k_tails(scheme, tiles):
         backend.configure(block_m=16, block_k=128, num_warps=4, num_stages=2, **tiles)
     shape = backend_shape(backend, Shape(num_experts=4, hidden_size=160, intermediate_size=96, tokens=7, top_k=3))
     ckpt, inputs, out, trace = reference_run(scheme, "SWIGLUOAI", "e4m3fn", shape, 3, backend_structure(backend))
-    assert backend.prepare(ckpt).constexprs == dict(BITPLACE=True, ROW_PAIRS=backend.row_pairs)
+    assert backend.prepare(ckpt).constexprs == dict(BITPLACE=True, ROW_PAIRS=backend.row_pairs,
+                                                     DUP_FACTORS=backend.dup_factors)
     result = compare_backend(backend, ckpt, inputs, out, trace, f"K tail/{scheme}")
     assert result.ok, result.message()
 
@@ -205,6 +207,32 @@ def test_split_k_epilogues_that_do_the_next_step_are_bit_for_bit_the_launches_th
     assert outs[1].abs().sum() > 0
 
 
+@pytest.mark.parametrize("scheme,act", [("w_mxfp4", "SWIGLUOAI"), ("w_nvfp4", "SILU"), ("w_nvfp4_a_nvfp4", "SWIGLUOAI")])
+def test_block_factors_built_once_as_bf16x2_words_give_the_same_outputs_bit_for_bit(scheme, act):
+    """TritonBitplaceBackend.dup_factors (DUP_FACTORS: MX factors by one multiply of the scale byte, NVFP4's by byte
+    permutes of the placed pairs) only changes how the compiled loop builds each block's factor word: the outputs
+    are bit for bit the default's, K tails and split-K included. Compiled code only: the interpreter runs the fp32
+    twin, which it does not touch."""
+    from harness.backends import triton_kernels as K
+    from harness.backends.triton_bitplace import TritonBitplaceBackend
+    from harness.core.conformance import Shape, backend_shape, case_inputs, case_checkpoint
+
+    if K.INTERPRET:
+        pytest.skip("DUP_FACTORS changes the compiled loop only; the interpreter runs the fp32 twin (a GPU's check)")
+    outs = []
+    for dup in (False, True):
+        backend = TritonBitplaceBackend().configure(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=2,
+                                                    split_k=2)
+        backend.dup_factors = dup
+        shape = backend_shape(backend, Shape(num_experts=4, hidden_size=416, intermediate_size=160, tokens=9, top_k=3))
+        ckpt = case_checkpoint(scheme, act, "e4m3fn", shape, 5, True)
+        x, w, ids = case_inputs(shape, 5)
+        prep = backend.prepare(ckpt)
+        assert prep.constexprs["DUP_FACTORS"] is dup
+        outs.append(backend.forward(prep, x, w, ids).cpu())
+    assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
+
+
 @pytest.mark.parametrize("tiles", [{}, dict(block_n=128, w2_block_n=128, split_k=2)], ids=["default", "two_reps_split_k"])
 @pytest.mark.parametrize("scheme,act", [("w_mxfp4", "SWIGLUOAI"), ("w_nvfp4", "SILU"), ("w_nvfp4_a_nvfp4", "SWIGLUOAI")])
 def test_rows_stored_in_pairs_give_the_same_outputs_bit_for_bit(scheme, act, tiles):
@@ -226,7 +254,7 @@ def test_rows_stored_in_pairs_give_the_same_outputs_bit_for_bit(scheme, act, til
         ckpt = case_checkpoint(scheme, act, "e4m3fn", shape, 3, True)
         x, w, ids = case_inputs(shape, 3)
         prep = backend.prepare(ckpt)
-        assert prep.constexprs == dict(BITPLACE=True, ROW_PAIRS=paired)
+        assert prep.constexprs == dict(BITPLACE=True, ROW_PAIRS=paired, DUP_FACTORS=backend.dup_factors)
         outs.append(backend.forward(prep, x, w, ids))
     assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
 
@@ -279,7 +307,8 @@ def test_every_bitplace_tile_configuration_the_sweep_may_pick_is_exact(scheme, b
     shape = backend_shape(backend, Shape(num_experts=4, hidden_size=hidden, intermediate_size=inter, tokens=tokens,
                                          top_k=3))
     ckpt, inputs, out, trace = reference_run(scheme, "SWIGLUOAI", "e4m3fn", shape, seed, backend_structure(backend))
-    assert backend.prepare(ckpt).constexprs == dict(BITPLACE=True, ROW_PAIRS=backend.row_pairs)
+    assert backend.prepare(ckpt).constexprs == dict(BITPLACE=True, ROW_PAIRS=backend.row_pairs,
+                                                     DUP_FACTORS=backend.dup_factors)
     result = compare_backend(backend, ckpt, inputs, out, trace, f"{scheme} tiles")
     assert result.ok, result.message()
 

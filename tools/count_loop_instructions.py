@@ -10,7 +10,8 @@ with its nvdisasm, and the innermost loop that issues the tensor-core instructio
 Budget at the H200's copy rate: ~0.245 (PERF.md). The counts depend on the Triton version: the H200 runs 3.6,
 this CPU venv may hold another; say which when you quote them.
 
-    python tools/count_loop_instructions.py [--tokens 8] [--model gpt-oss-120b]   # JSON to $OUT (or results/)
+    python tools/count_loop_instructions.py [--tokens 8] [--model gpt-oss-120b] [--path w_nvfp4/triton_bitplace ...]
+                                            [--sass DIR]   # JSON to $OUT (or results/); --sass: each loop's SASS
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections import Counter
 from pathlib import Path
 
 os.environ["TRITON_INTERPRET"] = "0"  # compile, never interpret: set before any kernel is defined
@@ -113,10 +115,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="gpt-oss-120b", choices=list(MODEL_SHAPES))
     ap.add_argument("--tokens", type=int, default=8)
+    ap.add_argument("--path", action="append", metavar="SCHEME/BACKEND", help=f"only these (default: {PATHS})")
+    ap.add_argument("--sass", metavar="DIR", help="write each loop's SASS there, with its opcode histogram")
     args = ap.parse_args(argv)
     rows = []
     print(f"triton {triton.__version__}, sm90, {args.model}, {args.tokens} tokens; budget {BUDGET} at copy rate")
-    for scheme, backend_name in PATHS:
+    for scheme, backend_name in [tuple(p.split("/")) for p in args.path] if args.path else PATHS:
         launch_args, kwargs = capture_gemm1(scheme, backend_name, args.model, args.tokens)
         compiled = compile_sm90(launch_args, kwargs)
         loop = k_loop(*sass(compiled.asm["cubin"]))
@@ -127,6 +131,11 @@ def main(argv=None) -> int:
                    tiles={k: kwargs[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages")},
                    triton=triton.__version__)
         rows.append(row)
+        if args.sass:
+            ops = Counter(ins.split()[0] if not ins.startswith("@") else ins.split()[1] for ins in loop)
+            out = Path(args.sass) / f"{args.model}-T{args.tokens}-{scheme}-{backend_name}.sass"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text("\n".join(f"{n:5d} {op}" for op, n in ops.most_common()) + "\n\n" + "\n".join(loop) + "\n")
         print(f"{scheme:<10} {backend_name:<18} loop {len(loop):>5} instr x {kwargs['num_warps']} warps / {nbytes:>6} B "
               f"= {per_byte:.3f} warp-instr/byte ({per_byte / BUDGET:.1f}x the budget)", flush=True)
     write_results_json("loop_instructions.json", dict(model=args.model, tokens=args.tokens, rows=rows))

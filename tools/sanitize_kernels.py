@@ -26,11 +26,13 @@ CASES = [("bf16", "SILU"), ("w_mxfp4", "SWIGLUOAI"), ("w_mxfp4_a_mxfp4", "SITU")
          ("w_mxfp6_e3m2_a_fp8", "SILU")]
 
 
-def _row_paired():
+def _bitplace(**switches):
+    """triton_bitplace with issue 28's switches set (row_pairs, dup_factors)."""
     from harness.backends.triton_bitplace import TritonBitplaceBackend
 
     backend = TritonBitplaceBackend()
-    backend.row_pairs = True
+    for name, value in switches.items():
+        setattr(backend, name, value)
     return backend
 
 
@@ -55,8 +57,12 @@ def main() -> int:
                                  (TritonBitplaceBackend().configure(block_m=16, block_n=64, block_k=128, num_warps=4,
                                                                     num_stages=3, split_k=3),
                                   "w_nvfp4_a_nvfp4", "SWIGLUOAI"),
-                                 # issue 28's row-paired layout (interleaved gate/up stored as halves)
-                                 (_row_paired(), "w_mxfp4", "SWIGLUOAI"), (_row_paired(), "w_nvfp4", "SILU")):
+                                 # issue 28's row-paired layout (interleaved gate/up stored as halves) and its
+                                 # block factors built once as bf16x2 words
+                                 (_bitplace(row_pairs=True), "w_mxfp4", "SWIGLUOAI"),
+                                 (_bitplace(row_pairs=True), "w_nvfp4", "SILU"),
+                                 (_bitplace(dup_factors=True), "w_mxfp4", "SWIGLUOAI"),
+                                 (_bitplace(dup_factors=True), "w_nvfp4", "SILU")):
         ckpt = make_checkpoint(scheme, act, tail.num_experts, tail.hidden_size, tail.intermediate_size, seed=1,
                                with_bias=act == "SWIGLUOAI")
         x, w, ids = case_inputs(tail, 1)

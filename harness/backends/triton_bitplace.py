@@ -50,6 +50,10 @@ class TritonBitplaceBackend(TritonEmulationBackend):
     # that each load of codes is whole 128-byte lines, as triton_kernels' Hopper layout does
     # (results/cpu-issue28/). MOE_CONFORMANCE_BITPLACE_ROW_PAIRS=1 turns it on for a run.
     row_pairs = os.environ.get("MOE_CONFORMANCE_BITPLACE_ROW_PAIRS", "0") == "1"
+    # Issue 28, session 15: each block factor built once as the bf16x2 word the packed multiply takes (NVFP4's K
+    # loop 563 -> fewer SASS instructions, counted on the CPU); off until an H200 run checks and times it
+    # (results/gpu-issue28/run-4/run-4.sh). MOE_CONFORMANCE_BITPLACE_DUP_FACTORS=1 turns it on for a run.
+    dup_factors = os.environ.get("MOE_CONFORMANCE_BITPLACE_DUP_FACTORS", "0") == "1"
 
     def supports(self, problem, platform) -> tuple[bool, str]:
         w, act = problem.scheme.weight, problem.scheme.act
@@ -98,7 +102,8 @@ class TritonBitplaceBackend(TritonEmulationBackend):
             # power of two on the per-expert global scale, applied to the fp32 accumulator (the same roundings)
             laid.update(w13_expert_scale=prep.w13_expert_scale * _NVFP4_FOLD, w2_expert_scale=prep.w2_expert_scale
                         * _NVFP4_FOLD)
-        return dataclasses.replace(prep, constexprs=dict(BITPLACE=True, ROW_PAIRS=self.row_pairs), **laid)
+        return dataclasses.replace(prep, constexprs=dict(BITPLACE=True, ROW_PAIRS=self.row_pairs,
+                                                         DUP_FACTORS=self.dup_factors), **laid)
 
 
 # The stored order of one 128-value chunk of a row: code n = 4 i0 + 2 i2 + i1 of word 4t + q holds column 32q +

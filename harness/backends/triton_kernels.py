@@ -339,7 +339,7 @@ def _to_mma_order(x, REPS: tl.constexpr, INNER: tl.constexpr):
 @_device
 def _fp4_bitplace_tile(w_ptr, ws_ptr, expert, n0, ROW_MUL: tl.constexpr, ROW_ADD, n_limit, ci, N_ROWS, K,
                        W_KIND: tl.constexpr, REPS: tl.constexpr, INTERPRET_DOT: tl.constexpr, QW: tl.constexpr = 4,
-                       QH: tl.constexpr = 0, ROW_PAIRS: tl.constexpr = False):
+                       QH: tl.constexpr = 0, ROW_PAIRS: tl.constexpr = False, DUP_FACTORS: tl.constexpr = False):
     """[64 * REPS, 32 QW] FP4 weights of rows ROW_MUL * n + ROW_ADD (n = n0 .. n0 + 64 REPS - 1), chunk ci of K
     (QW = 4), or its columns [32 QW QH, 32 QW (QH + 1)) (QW = 2: words 4t + 2 QH, +1 of each thread-group),
     by bit placement (harness/backends/fp4_bits.py, checked exhaustively), from the layout that
@@ -357,6 +357,10 @@ def _fp4_bitplace_tile(w_ptr, ws_ptr, expert, n0, ROW_MUL: tl.constexpr, ROW_ADD
                         2^7 back into the per-expert global scale that multiplies the accumulator.
     ROW_PAIRS: rows 2m and 2m + 1 stored chunk by chunk side by side (triton_bitplace.pair_rows), so that the lanes
     of rows g = 0 and 1 (lanes 0-7) read one whole 128-byte line of codes per load, and the scales likewise.
+    DUP_FACTORS (compiled only): each block's factor is built once as the bf16x2 word the packed multiply takes
+    (both halves the factor): MX by one integer multiply of the scale byte (x 0x00800080), NVFP4 by one byte
+    permute (prmt) per block of the placed pairs, instead of extracting 16-bit factors and duplicating them at each
+    multiply (issue 28: NVFP4's loop held 32 packed multiplies and ~60 integer operations more than MXFP4's).
     bf16 on the GPU; fp32 (the same placement, 16 bits higher) under the interpreter, whose bf16 is unsound."""
     e64 = expert.to(tl.int64)
     n = _mma_rows(n0, REPS)
@@ -391,7 +395,10 @@ def _fp4_bitplace_tile(w_ptr, ws_ptr, expert, n0, ROW_MUL: tl.constexpr, ROW_ADD
             sbytes = tl.reshape(_bytes_of_words(sword), (8, 4, REPS, 2, 1, 4))
         else:
             sbytes = tl.reshape(tl.join(sword & 0xFF, (sword >> 8) & 0xFF), (8, 4, REPS, 2, 1, 2))
-        fbits = sbytes << 7
+        if DUP_FACTORS and not INTERPRET_DOT:
+            fbits = sbytes * 0x00800080  # (s + 126) << 7 in both halves: 2^(s - 1) as a bf16x2 word
+        else:
+            fbits = sbytes << 7
     else:
         SWP: tl.constexpr = QW // 2  # scale words of this part
         sw = tl.load(s32 + sbase[:, :, :, :, None] + SWP * QH + tl.arange(0, SWP)[None, None, None, None, :],
@@ -409,8 +416,14 @@ def _fp4_bitplace_tile(w_ptr, ws_ptr, expert, n0, ROW_MUL: tl.constexpr, ROW_ADD
                                0x77807780)
             odd = _mul_bf16x2(_mul_bf16x2((((sw >> 8) & 0x007F007F) << 4) | (((sw >> 8) & 0x00800080) << 8),
                                           0x7F007F00), 0x77807780)
-            fbits = tl.join(tl.join(even & 0xFFFF, odd & 0xFFFF), tl.join((even >> 16) & 0xFFFF, (odd >> 16) & 0xFFFF))
-            fbits = tl.reshape(tl.permute(fbits, (0, 1, 2, 3, 4, 6, 5)), (8, 4, REPS, 2, 1, 4 * SWP))  # block order
+            if DUP_FACTORS:  # blocks 0 and 2 are even's halves, 1 and 3 odd's: each half in both halves
+                d0, d2 = _dup_halves(even)
+                d1, d3 = _dup_halves(odd)
+                fbits = tl.reshape(tl.join(tl.join(d0, d1), tl.join(d2, d3)), (8, 4, REPS, 2, 1, 4 * SWP))
+            else:
+                fbits = tl.join(tl.join(even & 0xFFFF, odd & 0xFFFF),
+                                tl.join((even >> 16) & 0xFFFF, (odd >> 16) & 0xFFFF))
+                fbits = tl.reshape(tl.permute(fbits, (0, 1, 2, 3, 4, 6, 5)), (8, 4, REPS, 2, 1, 4 * SWP))  # in order
     # codes n = 4 i0 + p of word 4t + q -> their 16-bit float bits; codes p and p + 4 (columns c and c + 1) placed
     # together into one 32-bit word, the bf16x2 register that the MMA takes
     p0, p1, p2, p3 = _place_pairs(tl.reshape(word, (8, 4, REPS, 2, 4, QW)))
@@ -429,10 +442,13 @@ def _fp4_bitplace_tile(w_ptr, ws_ptr, expert, n0, ROW_MUL: tl.constexpr, ROW_ADD
         lo2, hi2 = _scaled_halves_f32(p2, f23, W_KIND)
         lo3, hi3 = _scaled_halves_f32(p3, f23, W_KIND)
     else:
-        lo0, hi0 = _scaled_halves_bf16(p0, f01, W_KIND)
-        lo1, hi1 = _scaled_halves_bf16(p1, f01, W_KIND)
-        lo2, hi2 = _scaled_halves_bf16(p2, f23, W_KIND)
-        lo3, hi3 = _scaled_halves_bf16(p3, f23, W_KIND)
+        if not DUP_FACTORS:
+            f01 = f01 | (f01 << 16)
+            f23 = f23 | (f23 << 16)
+        lo0, hi0 = _scaled_halves_bf16(p0, f01)
+        lo1, hi1 = _scaled_halves_bf16(p1, f01)
+        lo2, hi2 = _scaled_halves_bf16(p2, f23)
+        lo3, hi3 = _scaled_halves_bf16(p3, f23)
     # pair n = 2 i2 + i1, half i0: joined as [.., i2, i1, i0]
     w = tl.join(tl.join(tl.join(lo0, lo2), tl.join(lo1, lo3)), tl.join(tl.join(hi0, hi2), tl.join(hi1, hi3)))
     # [.., 4 t, 4 q, 8 (i2, i1, i0)] -> columns 32q + 16 i2 + 8 i1 + 2t + i0 (the stored order's inverse):
@@ -449,11 +465,18 @@ def _mul_bf16x2(x, c):
 
 
 @_device
-def _scaled_halves_bf16(pair, fbits, W_KIND: tl.constexpr):
-    """The two bf16 values of a placed pair (value x 2^-126 each) times the block factor fbits (bf16 bits), as one
-    packed bf16x2 multiply (mul.rn keeps subnormals: the placed 0.5): MX by 2^(s - 1), NVFP4 by the E4M3 value
-    x 2^119. Exact: every product is a bf16 value (NVFP4's x 2^-7 of the weight is the global scale's x 2^7)."""
-    f2 = fbits | (fbits << 16)
+def _dup_halves(x):
+    """(low half in both halves, high half in both halves) of int32 words: two byte permutes."""
+    return tl.inline_asm_elementwise("prmt.b32 $0, $2, $2, 0x1010; prmt.b32 $1, $2, $2, 0x3232;", "=r,=r,r", [x],
+                                     dtype=(tl.int32, tl.int32), is_pure=True, pack=1)
+
+
+@_device
+def _scaled_halves_bf16(pair, f2):
+    """The two bf16 values of a placed pair (value x 2^-126 each) times the block factor, f2 its bf16 bits in both
+    halves, as one packed bf16x2 multiply (mul.rn keeps subnormals: the placed 0.5): MX by 2^(s - 1), NVFP4 by the
+    E4M3 value x 2^119. Exact: every product is a bf16 value (NVFP4's x 2^-7 of the weight is the global scale's
+    x 2^7)."""
     pair = tl.inline_asm_elementwise("mul.rn.bf16x2 $0, $1, $2;", "=r,r,r", [pair, f2], dtype=tl.int32, is_pure=True,
                                      pack=1)
     return tl.inline_asm_elementwise("mov.b32 {$0, $1}, $2;", "=h,=h,r", [pair], dtype=(tl.bfloat16, tl.bfloat16),
@@ -611,7 +634,7 @@ def moe_gemm_kernel(
     HAS_LIMIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     INTERPRET_DOT: tl.constexpr, DOT_SCALED: tl.constexpr = False, DS_FMT: tl.constexpr = "e2m1",
     BITPLACE: tl.constexpr = False, MMA_STEPS: tl.constexpr = 1, SPLIT_K: tl.constexpr = 1,
-    ROW_PAIRS: tl.constexpr = False,
+    ROW_PAIRS: tl.constexpr = False, DUP_FACTORS: tl.constexpr = False,
 ):
     """out[pair, n] for BLOCK_M pairs of one expert (rows of a: pair // a_row_div) x BLOCK_N outputs.
 
@@ -666,11 +689,11 @@ def moe_gemm_kernel(
                 if INTERPRET_DOT:
                     a = bf16_to_f32(a)
                 wg = _fp4_bitplace_tile(w_ptr, ws_ptr, expert, n0, G_MUL, g_add, N_OUT, ci, N_ROWS, K, W_KIND, REPS,
-                                        INTERPRET_DOT, QW, qh, ROW_PAIRS)
+                                        INTERPRET_DOT, QW, qh, ROW_PAIRS, DUP_FACTORS)
                 acc_gt += _dot_weights_first(wg, a, INTERPRET_DOT)
                 if GATED:
                     wu = _fp4_bitplace_tile(w_ptr, ws_ptr, expert, n0, G_MUL, u_add, N_OUT, ci, N_ROWS, K, W_KIND,
-                                            REPS, INTERPRET_DOT, QW, qh, ROW_PAIRS)
+                                            REPS, INTERPRET_DOT, QW, qh, ROW_PAIRS, DUP_FACTORS)
                     acc_ut += _dot_weights_first(wu, a, INTERPRET_DOT)
         acc_g = tl.trans(acc_gt)
         acc_u = tl.trans(acc_ut) if GATED else acc_g
