@@ -62,7 +62,10 @@ def main() -> int:
                                  (_bitplace(row_pairs=True), "w_mxfp4", "SWIGLUOAI"),
                                  (_bitplace(row_pairs=True), "w_nvfp4", "SILU"),
                                  (_bitplace(dup_factors=True), "w_mxfp4", "SWIGLUOAI"),
-                                 (_bitplace(dup_factors=True), "w_nvfp4", "SILU")):
+                                 (_bitplace(dup_factors=True), "w_nvfp4", "SILU"),
+                                 # two warpgroups on one activation tile (128 rows, 8 warps)
+                                 (_bitplace().configure(block_m=16, block_n=128, block_k=128, num_warps=8,
+                                                        num_stages=3), "w_nvfp4_a_nvfp4", "SWIGLUOAI")):
         ckpt = make_checkpoint(scheme, act, tail.num_experts, tail.hidden_size, tail.intermediate_size, seed=1,
                                with_bias=act == "SWIGLUOAI")
         x, w, ids = case_inputs(tail, 1)

@@ -31,10 +31,12 @@ PREFILL = [dict(block_m=m, block_n=n, block_k=k, num_warps=w, num_stages=3)
 # triton_bitplace: one 128-value chunk per K step and one warpgroup (its tiles' layout is the wgmma operand's);
 # mma_steps 2 with maxnreg 96 compiles to 96 registers (5 programs per SM instead of 4, no spill in the loop);
 # split_k shares a tile's K chunks among programs (few tokens leave SMs idle: 180 programs at gpt-oss, 1 token);
-# block_n 128 is 64 row pairs in the row-paired layout (MOE_CONFORMANCE_BITPLACE_ROW_PAIRS=1)
-BITPLACE_DECODE = [dict(block_m=16, block_n=n, block_k=128, num_warps=4, num_stages=s, mma_steps=k, maxnreg=r,
+# block_n 128 is 64 row pairs in the row-paired layout (MOE_CONFORMANCE_BITPLACE_ROW_PAIRS=1); 8 warps: two
+# warpgroups on one activation tile, 128 or 256 rows (triton_kernels' Hopper tiles)
+BITPLACE_DECODE = [dict(block_m=16, block_n=n, block_k=128, num_warps=w, num_stages=s, mma_steps=k, maxnreg=r,
                         split_k=sk)
-                   for n, s, k, r, sk in itertools.product((64, 128), (3, 4), (1, 2), (0, 96), (1, 2, 4))]
+                   for (n, w), s, k, r, sk in itertools.product(((64, 4), (128, 4), (128, 8), (256, 8)), (3, 4), (1, 2),
+                                                                (0, 96), (1, 2, 4))]
 BITPLACE_PREFILL = [dict(block_m=m, block_n=64, block_k=128, num_warps=4, num_stages=s)
                     for m, s in itertools.product((64, 128), (2, 3))]
 CASES = [("gpt-oss-120b", "w_mxfp4", "triton_dot_scaled"), ("gpt-oss-120b", "w_mxfp4", "triton_emulation"),

@@ -65,10 +65,18 @@ class TritonBitplaceBackend(TritonEmulationBackend):
         return super().supports(problem, platform)
 
     def tile_config(self, n_pairs: int, weight_kind) -> dict:
-        # the kernel's K step is one 128-value chunk and its N tile a multiple of 64 rows on one warpgroup (the
-        # layout of its loads is the wgmma register operand's); from the H200 sweep (tools/tune_moe.py)
+        # the kernel's K step is one 128-value chunk and its N tile a multiple of 64 rows per warpgroup (the layout
+        # of its loads is the wgmma register operand's): 4 warps, or 8 (two warpgroups on one activation tile, as
+        # triton_kernels' Hopper tiles: 128 or 256 rows; compiled for sm90 the loop is the 4-warp one per warp,
+        # results/cpu-issue28/README.md); from the H200 sweep (tools/tune_moe.py)
         if self.tiles is not None:
-            return dict(self.tiles, block_k=128, block_n=max(64, self.tiles["block_n"] // 64 * 64), num_warps=4)
+            warps = 8 if self.tiles.get("num_warps") == 8 else 4
+            rows = 16 * warps
+            tiles = dict(self.tiles, block_k=128, block_n=max(rows, self.tiles["block_n"] // rows * rows),
+                         num_warps=warps)
+            if tiles.get("w2_block_n"):
+                tiles["w2_block_n"] = max(rows, tiles["w2_block_n"] // rows * rows)
+            return tiles
         if triton_kernels.INTERPRET:
             return dict(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=2)
         for max_pairs, cfg in BITPLACE_TILES:
