@@ -184,19 +184,21 @@ def test_the_bitplace_kernel_reads_k_tails(scheme, tiles):
     assert result.ok, result.message()
 
 
+@pytest.mark.parametrize("kernel,split_k", [("triton_bitplace", 2), ("triton_bitplace", 1), ("triton_emulation", 1)])
 @pytest.mark.parametrize("scheme,act", [("w_mxfp4", "SWIGLUOAI"), ("w_nvfp4_a_nvfp4", "SILU")])
-def test_split_k_epilogues_that_do_the_next_step_are_bit_for_bit_the_launches_they_replace(scheme, act):
+def test_epilogues_that_do_the_next_step_are_bit_for_bit_the_launches_they_replace(scheme, act, kernel, split_k):
     """splitk_topk_reduce_kernel (GEMM2's split-K sums, scales, bias, gemm2_out rounding and the weighted top-k sum
     in one launch) gives the outputs of splitk_epilogue_kernel then topk_reduce_kernel bit for bit, and GEMM1's
-    split-K epilogue quantizing GEMM2's NVFP4 activations those of nvfp4_quantize_kernel, with biases, static
-    activation scales and per-expert global scales (a fold that drops the bias, or rounds once less, fails it)."""
-    from harness.backends.triton_bitplace import TritonBitplaceBackend
+    epilogue quantizing GEMM2's NVFP4 activations (split-K's epilogue kernel, or the GEMM's own: bit placement and
+    the dequantizing loop) those of nvfp4_quantize_kernel, with biases, static activation scales and per-expert
+    global scales (a fold that drops the bias, rounds once less or skips the quantization fails it)."""
+    from harness.backends import load_backend
     from harness.core.conformance import Shape, backend_shape, case_checkpoint, case_inputs
 
     outs = []
     for fold in (False, True):
-        backend = TritonBitplaceBackend().configure(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=2,
-                                                    split_k=2)
+        backend = load_backend(kernel).configure(block_m=16, block_n=64, block_k=128, num_warps=4,
+                                                       num_stages=2, **(dict(split_k=split_k) if split_k > 1 else {}))
         backend.fold_epilogues = fold
         shape = backend_shape(backend, Shape(num_experts=5, hidden_size=160, intermediate_size=96, tokens=3, top_k=3))
         ckpt = case_checkpoint(scheme, act, "e4m3fn", shape, seed=4, bias=True)

@@ -69,6 +69,10 @@ def capture_gemm1(scheme: str, backend_name: str, model: str, tokens: int) -> tu
     # the routing alignment's own Triton kernel would need a GPU driver to launch here: its torch twin gives the
     # same blocks
     backend._align = lambda topk_ids, num_experts, bm: backend._align_torch(topk_ids, num_experts, bm)
+    # and an activation quantizer's kernel likewise (W4A4 paths): the GEMM's operands have the same dtypes and
+    # layout whatever the values, and only GEMM1's launch is wanted
+    backend._quantize_activation = lambda x2, scale, aq, fmt: ((x2, 0, x2) if aq is None else
+                                                               (x2.to(torch.bfloat16), 1, torch.ones(1)))
     try:
         backend.forward(backend.prepare(ckpt), x, w.float(), ids)
     except _Captured:

@@ -103,9 +103,9 @@ class TritonEmulationBackend:
     numerical_structure = STRUCTURES["rounded_terms"]
     use_dot_scaled = False  # triton_dot_scaled's GEMMs use tl.dot_scaled on the MX weights
     min_block_k = 16
-    # with split-K (triton_bitplace at decode) the epilogue kernels do the next step too: GEMM2's the top-k sum
-    # (splitk_topk_reduce_kernel), GEMM1's of NVFP4 W4A4 the activation quantization; bit for bit the launches
-    # they replace (suites/test_fp4_bits.py)
+    # epilogues that do the next step too: GEMM1's of NVFP4 W4A4 the activation quantization (any GEMM), with
+    # split-K (triton_bitplace at decode) GEMM2's the top-k sum (splitk_topk_reduce_kernel); bit for bit the
+    # launches they replace (suites/test_fp4_bits.py)
     fold_epilogues = True
 
     def __init__(self, device: str | None = None):
@@ -192,7 +192,7 @@ class TritonEmulationBackend:
         aq, fp8_fmt = ckpt.scheme.act, ckpt.fp8_format
         a1, a1_mode, a1_scale = self._quantize_activation(x, prepared.a1_scale, aq, fp8_fmt)
         y = torch.empty(p, isz, dtype=torch.bfloat16, device=dev)
-        # NVFP4 W4A4: a split-K epilogue stores GEMM2's activation values itself (nvfp4_quantize_kernel's)
+        # NVFP4 W4A4: GEMM1's epilogue stores GEMM2's activation values itself (nvfp4_quantize_kernel's)
         fold_nvfp4 = self.fold_epilogues and aq is not None and aq.kind is NVFP4
         if self._gemm(prepared, "w13", a1, a1_mode, a1_scale, y, sorted_rows, block_expert, topk_ids, a_row_div=k,
                       n_out=isz, k_dim=h, apply_act=True, tiles=tiles,
@@ -361,9 +361,9 @@ class TritonEmulationBackend:
 
     def _gemm(self, prep: Prepared, which: str, a, a_mode, a_scale, out, sorted_rows, block_expert, topk_ids,
               a_row_div, n_out, k_dim, apply_act, tiles, topk_sum=None, quantize_nvfp4=None) -> bool:
-        """One grouped GEMM into `out`; with split-K its epilogue launch may do the next step too (True returned):
-        topk_sum=(topk_weights, out_tokens) (GEMM2): the top-k sum into out_tokens (out untouched);
-        quantize_nvfp4=tensor scale (GEMM1): out holds the next GEMM's NVFP4 activation values."""
+        """One grouped GEMM into `out`; its epilogue may do the next step too (True returned):
+        quantize_nvfp4=tensor scale (GEMM1): out holds the next GEMM's NVFP4 activation values;
+        topk_sum=(topk_weights, out_tokens) (GEMM2, split-K): the top-k sum into out_tokens (out untouched)."""
         ckpt = prep.ckpt
         wq = ckpt.scheme.weight
         act = ckpt.activation
@@ -382,6 +382,8 @@ class TritonEmulationBackend:
             launch_options["MMA_STEPS"] = tiles["mma_steps"]
         # split-K (the bit-placement loop only): fp32 partial sums of each K range, then one epilogue kernel
         split_k = tiles.get("split_k") or 1 if prep.constexprs.get("BITPLACE") else 1
+        quantize = quantize_nvfp4 is not None and apply_act
+        q_scale = quantize_nvfp4.reshape(1) if quantize else out
         target = out
         if split_k > 1:
             launch_options["SPLIT_K"] = split_k
@@ -396,7 +398,8 @@ class TritonEmulationBackend:
             a, a_scale if a_mode else dummy, w, ws if ws is not None else dummy,
             block_scale if block_scale is not None else dummy, expert_scale if expert_scale is not None else dummy,
             bias if bias is not None else dummy, target, sorted_rows, block_expert, n_pairs, a_row_div, n_out, n_rows,
-            k_dim, *scalars, W_KIND=_W_KIND[None if wq is None else wq.kind],
+            k_dim, *scalars, q_scale, QUANT_NVFP4=quantize and split_k == 1,
+            W_KIND=_W_KIND[None if wq is None else wq.kind],
             PACKED=bool(elem is not None and elem.nbits == 4), EBITS=elem.ebits if elem else 0,
             MBITS=elem.mbits if elem else 0, BIAS=elem.bias if elem else 0, W_BLOCK_SCALE=block_scale is not None,
             BLOCK_M=tiles["block_m"], BLOCK_N=block_n, BLOCK_K=tiles["block_k"], INTERPRET_DOT=K.INTERPRET,
@@ -405,7 +408,7 @@ class TritonEmulationBackend:
             **prep.constexprs,
         )
         if split_k == 1:
-            return False
+            return quantize
         operands = (a_scale if a_mode else dummy, expert_scale if expert_scale is not None else dummy,
                     bias if bias is not None else dummy)
         if topk_sum is not None and not apply_act:  # one launch fewer at decode (issue 28)
@@ -416,11 +419,9 @@ class TritonEmulationBackend:
                 HAS_BIAS=bias is not None, BLOCK_H=TOPK_BLOCK_H)
             return True
         bp, bn = 16, 64
-        quantize = quantize_nvfp4 is not None and apply_act
         K.splitk_epilogue_kernel[(triton_cdiv(n_pairs, bp), triton_cdiv(n_out, bn))](
             target, topk_ids.reshape(-1), *operands, out, n_pairs, n_out, n_rows, *scalars, SPLIT_K=split_k,
-            BLOCK_P=bp, BLOCK_N=bn, q_scale_ptr=quantize_nvfp4.reshape(1) if quantize else dummy,
-            QUANT_NVFP4=quantize, **common)
+            BLOCK_P=bp, BLOCK_N=bn, q_scale_ptr=q_scale, QUANT_NVFP4=quantize, **common)
         return quantize
 
 

@@ -627,14 +627,14 @@ def _k_loop(a_ptr, a_scale_ptr, w_ptr, ws_ptr, w_block_scale_ptr, expert, a_row,
 @triton.jit
 def moe_gemm_kernel(
     a_ptr, a_scale_ptr, w_ptr, ws_ptr, w_block_scale_ptr, expert_scale_ptr, bias_ptr, out_ptr,
-    sorted_rows_ptr, block_expert_ptr, n_pairs, a_row_div, N_OUT, N_ROWS, K, alpha, beta, beta_lin, limit,
+    sorted_rows_ptr, block_expert_ptr, n_pairs, a_row_div, N_OUT, N_ROWS, K, alpha, beta, beta_lin, limit, q_scale_ptr,
     A_SCALE: tl.constexpr, W_KIND: tl.constexpr, PACKED: tl.constexpr, EBITS: tl.constexpr, MBITS: tl.constexpr,
     BIAS: tl.constexpr, W_BLOCK_SCALE: tl.constexpr, HAS_EXPERT_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
     GATED: tl.constexpr, INTERLEAVED: tl.constexpr, ACT: tl.constexpr, APPLY_ACT: tl.constexpr,
     HAS_LIMIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     INTERPRET_DOT: tl.constexpr, DOT_SCALED: tl.constexpr = False, DS_FMT: tl.constexpr = "e2m1",
     BITPLACE: tl.constexpr = False, MMA_STEPS: tl.constexpr = 1, SPLIT_K: tl.constexpr = 1,
-    ROW_PAIRS: tl.constexpr = False, DUP_FACTORS: tl.constexpr = False,
+    ROW_PAIRS: tl.constexpr = False, DUP_FACTORS: tl.constexpr = False, QUANT_NVFP4: tl.constexpr = False,
 ):
     """out[pair, n] for BLOCK_M pairs of one expert (rows of a: pair // a_row_div) x BLOCK_N outputs.
 
@@ -644,7 +644,8 @@ def moe_gemm_kernel(
     gate and the up rows (halves, or interleaved) and stores act(bf16(gate), bf16(up)) rounded to bf16;
     otherwise stores bf16(acc). Rows of padding (pair id == n_pairs) are neither read nor written.
     SPLIT_K > 1 (BITPLACE only): program axis 2 takes 1 / SPLIT_K of the K chunks and out_ptr is an fp32
-    workspace [SPLIT_K, pairs, 2, N_OUT] of partial sums for splitk_epilogue_kernel."""
+    workspace [SPLIT_K, pairs, 2, N_OUT] of partial sums for splitk_epilogue_kernel. QUANT_NVFP4: the epilogue
+    stores the next GEMM's NVFP4 activation values (_epilogue)."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_s = tl.program_id(2)
@@ -709,7 +710,7 @@ def moe_gemm_kernel(
         return
     _epilogue(acc_g, acc_u, pair, m_mask, n_offs, n_mask, g_row, u_row, expert, a_scale_ptr, expert_scale_ptr,
               bias_ptr, out_ptr, N_OUT, N_ROWS, alpha, beta, beta_lin, limit, A_SCALE, HAS_EXPERT_SCALE, HAS_BIAS,
-              GATED, ACT, APPLY_ACT, HAS_LIMIT)
+              GATED, ACT, APPLY_ACT, HAS_LIMIT, q_scale_ptr, QUANT_NVFP4, BLOCK_M, BLOCK_N)
 
 
 @_device
@@ -726,22 +727,12 @@ def _gate_up_rows(n_offs, N_OUT, GATED: tl.constexpr, INTERLEAVED: tl.constexpr)
 def _epilogue(acc_g, acc_u, pair, m_mask, n_offs, n_mask, g_row, u_row, expert, a_scale_ptr, expert_scale_ptr,
               bias_ptr, out_ptr, N_OUT, N_ROWS, alpha, beta, beta_lin, limit, A_SCALE: tl.constexpr,
               HAS_EXPERT_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr, ACT: tl.constexpr,
-              APPLY_ACT: tl.constexpr, HAS_LIMIT: tl.constexpr):
-    """Scales, bias, the bf16 rounding points and the activation of fp32 sums [pairs, n], stored as bf16. `expert`
-    is the block's (a scalar) or each pair's ([pairs, 1], split-K)."""
-    y = _epilogue_values(acc_g, acc_u, n_mask, g_row, u_row, expert, a_scale_ptr, expert_scale_ptr, bias_ptr, N_ROWS,
-                         alpha, beta, beta_lin, limit, A_SCALE, HAS_EXPERT_SCALE, HAS_BIAS, GATED, ACT, APPLY_ACT,
-                         HAS_LIMIT)
-    out_offs = pair.to(tl.int64)[:, None] * N_OUT + n_offs[None, :]
-    tl.store(out_ptr + out_offs, f32_to_bf16(y), mask=m_mask[:, None] & n_mask[None, :])
-
-
-@_device
-def _epilogue_values(acc_g, acc_u, n_mask, g_row, u_row, expert, a_scale_ptr, expert_scale_ptr, bias_ptr, N_ROWS,
-                     alpha, beta, beta_lin, limit, A_SCALE: tl.constexpr, HAS_EXPERT_SCALE: tl.constexpr,
-                     HAS_BIAS: tl.constexpr, GATED: tl.constexpr, ACT: tl.constexpr, APPLY_ACT: tl.constexpr,
-                     HAS_LIMIT: tl.constexpr):
-    """_epilogue's values (fp32 on the bf16 grid), not stored."""
+              APPLY_ACT: tl.constexpr, HAS_LIMIT: tl.constexpr, q_scale_ptr, QUANT_NVFP4: tl.constexpr,
+              ROWS: tl.constexpr, COLS: tl.constexpr):
+    """Scales, bias, the bf16 rounding points and the activation of fp32 sums [ROWS pairs, COLS n], stored as bf16.
+    `expert` is the block's (a scalar) or each pair's ([pairs, 1], split-K). QUANT_NVFP4 (GEMM1 of NVFP4 W4A4): what
+    is stored is the next GEMM's NVFP4 activation values (tensor scale q_scale_ptr), nvfp4_quantize_kernel's
+    launch folded in: the same values from the same fp32 operations (COLS whole 16-column blocks)."""
     if A_SCALE == 1:
         sa1 = tl.load(a_scale_ptr)
         acc_g = acc_g * sa1
@@ -761,7 +752,14 @@ def _epilogue_values(acc_g, acc_u, n_mask, g_row, u_row, expert, a_scale_ptr, ex
         y = round_bf16(_activation(h_g, h_u, ACT, GATED, HAS_LIMIT, limit, alpha, beta, beta_lin))  # act_out
     else:
         y = h_g
-    return y
+    if QUANT_NVFP4:
+        tl.static_assert(COLS % 16 == 0, "whole 16-column NVFP4 blocks per program")
+        # columns past N_OUT are zero, as nvfp4_quantize_kernel's masked loads are (N_OUT is whole blocks anyway)
+        y3 = tl.reshape(tl.where(n_mask[None, :], y, 0.0), (ROWS, COLS // 16, 16))
+        _, _, v = _nvfp4_blocks(y3, tl.load(q_scale_ptr), 2)
+        y = tl.reshape(v, (ROWS, COLS))
+    out_offs = pair.to(tl.int64)[:, None] * N_OUT + n_offs[None, :]
+    tl.store(out_ptr + out_offs, f32_to_bf16(y), mask=m_mask[:, None] & n_mask[None, :])
 
 
 @triton.jit
@@ -791,20 +789,9 @@ def splitk_epilogue_kernel(part_ptr, ids_ptr, a_scale_ptr, expert_scale_ptr, bia
         acc_u = acc_g
     expert = tl.load(ids_ptr + pair, mask=m_mask, other=0).to(tl.int32)[:, None]
     g_row, u_row = _gate_up_rows(n_offs, N_OUT, GATED, INTERLEAVED)
-    if QUANT_NVFP4:
-        tl.static_assert(BLOCK_N % 16 == 0, "whole 16-column NVFP4 blocks per program")
-        y = _epilogue_values(acc_g, acc_u, n_mask, g_row, u_row, expert, a_scale_ptr, expert_scale_ptr, bias_ptr,
-                             N_ROWS, alpha, beta, beta_lin, limit, A_SCALE, HAS_EXPERT_SCALE, HAS_BIAS, GATED, ACT,
-                             APPLY_ACT, HAS_LIMIT)
-        # columns past N_OUT are zero, as nvfp4_quantize_kernel's masked loads are (N_OUT is whole blocks anyway)
-        y = tl.reshape(tl.where(n_mask[None, :], y, 0.0), (BLOCK_P, BLOCK_N // 16, 16))
-        _, _, v = _nvfp4_blocks(y, tl.load(q_scale_ptr), 2)
-        out_offs = pair.to(tl.int64)[:, None] * N_OUT + n_offs[None, :]
-        tl.store(out_ptr + out_offs, f32_to_bf16(tl.reshape(v, (BLOCK_P, BLOCK_N))), mask=mask)
-    else:
-        _epilogue(acc_g, acc_u, pair, m_mask, n_offs, n_mask, g_row, u_row, expert, a_scale_ptr, expert_scale_ptr,
-                  bias_ptr, out_ptr, N_OUT, N_ROWS, alpha, beta, beta_lin, limit, A_SCALE, HAS_EXPERT_SCALE, HAS_BIAS,
-                  GATED, ACT, APPLY_ACT, HAS_LIMIT)
+    _epilogue(acc_g, acc_u, pair, m_mask, n_offs, n_mask, g_row, u_row, expert, a_scale_ptr, expert_scale_ptr,
+              bias_ptr, out_ptr, N_OUT, N_ROWS, alpha, beta, beta_lin, limit, A_SCALE, HAS_EXPERT_SCALE, HAS_BIAS,
+              GATED, ACT, APPLY_ACT, HAS_LIMIT, q_scale_ptr, QUANT_NVFP4, BLOCK_P, BLOCK_N)
 
 
 @triton.jit
