@@ -2,11 +2,12 @@
 # Issue 28 run-4 (written in session 15 for the next loan, H200, carry .third_party): block factors built once as
 # bf16x2 words (MOE_CONFORMANCE_BITPLACE_DUP_FACTORS=1; K loop counted on the CPU: MXFP4 462 -> 446, NVFP4
 # 560 -> 528 SASS): its bit-for-bit test against the default and triton_bitplace's conformance with it on sm90,
-# memcheck (tools/sanitize_kernels.py runs it), then the decode rows with and without it in one call.
+# memcheck (tools/sanitize_kernels.py runs it), then the decode rows with and without it in one call. Also compiled:
+# the W4A4 epilogue quantization without split-K (session 15, after run-3), in the same bit-for-bit test file.
 export PYTHONUNBUFFERED=1
 HOST=$(python3 -m harness platforms --host)
-timeout 90 python3 -m pytest -p no:cacheprovider -q suites/test_fp4_bits.py -k "bf16x2_words" > $OUT/dup-test.log 2>&1
-echo "dup-factors bit-for-bit test: $(tail -1 $OUT/dup-test.log)"
+timeout 90 python3 -m pytest -p no:cacheprovider -q suites/test_fp4_bits.py -k "bf16x2_words or next_step" > $OUT/dup-test.log 2>&1
+echo "dup-factors and folded-epilogue bit-for-bit tests: $(tail -1 $OUT/dup-test.log)"
 MOE_CONFORMANCE_BITPLACE_DUP_FACTORS=1 timeout 120 python3 -m pytest -p no:cacheprovider -q -n 8 -m $HOST \
   suites/test_conformance.py suites/test_special_values.py suites/test_fp4_bits.py -k "bitplace and not hypothesis" \
   > $OUT/conformance-dup.log 2>&1
