@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.backends.fp4_bits import E8M0_FOLDABLE_MAX, decode_mxfp4_bitplace, place_e2m1, place_e4m3
+from harness.backends.triton_kernels import _in_order, tl, triton
 from harness.core.conformance import moe_property_examples
 from reference.formats import E2M1, E4M3FN
 from reference.mx import dequantize_mx
@@ -207,6 +208,23 @@ def test_epilogues_that_do_the_next_step_are_bit_for_bit_the_launches_they_repla
     assert ckpt.b2 is not None and (ckpt.scheme.act is None) == (scheme == "w_mxfp4")
     assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
     assert outs[1].abs().sum() > 0
+
+
+@triton.jit
+def _block_order_kernel(out_ptr):
+    i = tl.arange(0, 8) * 4
+    tl.store(out_ptr + tl.arange(0, 32), tl.reshape(_in_order(i, i + 1, i + 2, i + 3), (32,)))
+
+
+def test_the_four_block_factors_of_a_scale_word_come_out_in_block_order():
+    """DUP_FACTORS builds NVFP4's four block factors of a scale word as d0, d2 (one word's halves) and d1, d3 (the
+    other's) and must lay them out as blocks 0, 1, 2, 3 (triton_kernels._in_order): tl.join nests its new dim last,
+    so the naive join(join(d0, d1), join(d2, d3)) gives 0, 2, 1, 3 (a session-15 review found exactly that)."""
+    from harness.platforms import default_device
+
+    out = torch.full((32,), -1, dtype=torch.int32, device=default_device())
+    _block_order_kernel[(1,)](out)
+    assert out.cpu().tolist() == list(range(32))
 
 
 @pytest.mark.parametrize("scheme,act", [("w_mxfp4", "SWIGLUOAI"), ("w_nvfp4", "SILU"), ("w_nvfp4_a_nvfp4", "SWIGLUOAI")])

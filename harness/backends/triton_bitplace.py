@@ -71,11 +71,11 @@ class TritonBitplaceBackend(TritonEmulationBackend):
         # results/cpu-issue28/README.md); from the H200 sweep (tools/tune_moe.py)
         if self.tiles is not None:
             warps = 8 if self.tiles.get("num_warps") == 8 else 4
-            rows = 16 * warps
-            tiles = dict(self.tiles, block_k=128, block_n=max(rows, self.tiles["block_n"] // rows * rows),
-                         num_warps=warps)
+            rows = 16 * warps  # 64 rows a warpgroup, repeated a power of two times (the kernel's REPS)
+            fit = lambda n: rows * 2 ** max(0, (n // rows).bit_length() - 1)  # noqa: E731
+            tiles = dict(self.tiles, block_k=128, block_n=fit(self.tiles["block_n"]), num_warps=warps)
             if tiles.get("w2_block_n"):
-                tiles["w2_block_n"] = max(rows, tiles["w2_block_n"] // rows * rows)
+                tiles["w2_block_n"] = fit(tiles["w2_block_n"])
             return tiles
         if triton_kernels.INTERPRET:
             return dict(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=2)

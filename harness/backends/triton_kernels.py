@@ -419,7 +419,7 @@ def _fp4_bitplace_tile(w_ptr, ws_ptr, expert, n0, ROW_MUL: tl.constexpr, ROW_ADD
             if DUP_FACTORS:  # blocks 0 and 2 are even's halves, 1 and 3 odd's: each half in both halves
                 d0, d2 = _dup_halves(even)
                 d1, d3 = _dup_halves(odd)
-                fbits = tl.reshape(tl.join(tl.join(d0, d1), tl.join(d2, d3)), (8, 4, REPS, 2, 1, 4 * SWP))
+                fbits = tl.reshape(_in_order(d0, d1, d2, d3), (8, 4, REPS, 2, 1, 4 * SWP))
             else:
                 fbits = tl.join(tl.join(even & 0xFFFF, odd & 0xFFFF),
                                 tl.join((even >> 16) & 0xFFFF, (odd >> 16) & 0xFFFF))
@@ -462,6 +462,13 @@ def _mul_bf16x2(x, c):
     """Packed bf16x2 product of the int32 words x and the constant word c (round to nearest, subnormals kept)."""
     return tl.inline_asm_elementwise("mul.rn.bf16x2 $0, $1, $2;", "=r,r,r", [x, tl.full(x.shape, c, tl.int32)],
                                      dtype=tl.int32, is_pure=True, pack=1)
+
+
+@_device
+def _in_order(b0, b1, b2, b3):
+    """[..., 4]: b0, b1, b2, b3 along a new last dim (tl.join puts its operands on a new last dim, so the outer join
+    takes the pairs (b0, b2) and (b1, b3))."""
+    return tl.join(tl.join(b0, b2), tl.join(b1, b3))
 
 
 @_device

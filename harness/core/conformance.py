@@ -210,7 +210,7 @@ def compare_backend(backend, ckpt: MoECheckpoint, inputs, out: torch.Tensor, tra
     # private copies: inputs and checkpoints are cached and shared, and a backend may write into its own
     # a backend on the host gets the checkpoint there (a real-shape case builds it on the GPU, for the reference)
     on_host = str(device) == "cpu" and ckpt.w13.data.device.type != "cpu"
-    given = ckpt.to("cpu") if on_host else private_checkpoint(ckpt)
+    given = ckpt.map_tensors(lambda t: t.to("cpu", copy=True)) if on_host else private_checkpoint(ckpt)
     prepared = guarded_call(backend, what, "prepare()", backend_prepare, backend, given)
     check_unmodified(what, "prepare()", checkpoint_pairs(ckpt, given))
     originals = [t.to(device) for t in inputs]

@@ -115,8 +115,10 @@ def reference_bytes(layer: ModelLayer, tp: int, scheme: str, tokens: int) -> int
     wq = SCHEMES[scheme].weight
     # checkpoint bytes per weight: bf16, FP4 codes packed two per byte, FP6/FP8 codes one per byte; block scales
     per = 2.0 if wq is None else (0.5 if wq.elem.ebits + wq.elem.mbits == 3 else 1.0) + 1 / 16
-    # w13 and w2 together eager, or both one expert at a time (reference.moe.routed_weights)
-    f64 = routed * weights * 8 * 2.5 if routed * weights * 8 <= EAGER_WEIGHT_BYTES else weights * 8 * 6
+    # w13 and w2 together eager, or both one expert at a time (reference.moe.routed_weights); routed counts pairs,
+    # the reference the distinct experts among them, which may be few enough for eager: the larger of the two
+    eager = routed * weights * 8
+    f64 = eager * 2.5 if eager <= EAGER_WEIGHT_BYTES else max(EAGER_WEIGHT_BYTES * 2.5, weights * 8 * 6)
     trace = tokens * k * (2 * n13 + 4 * i + 4 * h) * 8 * 3
     return int(f64 + trace + 3 * e * weights * per)
 
