@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.backends.fp4_bits import E8M0_FOLDABLE_MAX, decode_mxfp4_bitplace, place_e2m1, place_e4m3
-from harness.backends.triton_kernels import _in_order, tl, triton
+from harness.backends.triton_kernels import _fp4_bitplace_tile, _in_order, tl, triton
 from harness.core.conformance import moe_property_examples
 from reference.formats import E2M1, E4M3FN
 from reference.mx import dequantize_mx
@@ -97,8 +97,7 @@ def test_the_bitplace_backend_folds_only_where_exact():
 
     ckpt = case_checkpoint("w_mxfp4", "SILU", "e4m3fn", SHAPES["cpu"], 0, False)
     backend = TritonBitplaceBackend()
-    assert backend.prepare(ckpt).constexprs == dict(BITPLACE=True, ROW_PAIRS=backend.row_pairs,
-                                                     DUP_FACTORS=backend.dup_factors)
+    assert backend.prepare(ckpt).constexprs == dict(BITPLACE=True, ROW_PAIRS=backend.row_pairs)
     for code in (E8M0_FOLDABLE_MAX + 1, 127 + 13, 0xFF):
         scale = ckpt.w2.scale.clone()
         scale[0, 0, 0] = code
@@ -179,8 +178,7 @@ def test_the_bitplace_kernel_reads_k_tails(scheme, tiles):
         backend.configure(block_m=16, block_k=128, num_warps=4, num_stages=2, **tiles)
     shape = backend_shape(backend, Shape(num_experts=4, hidden_size=160, intermediate_size=96, tokens=7, top_k=3))
     ckpt, inputs, out, trace = reference_run(scheme, "SWIGLUOAI", "e4m3fn", shape, 3, backend_structure(backend))
-    assert backend.prepare(ckpt).constexprs == dict(BITPLACE=True, ROW_PAIRS=backend.row_pairs,
-                                                     DUP_FACTORS=backend.dup_factors)
+    assert backend.prepare(ckpt).constexprs == dict(BITPLACE=True, ROW_PAIRS=backend.row_pairs)
     result = compare_backend(backend, ckpt, inputs, out, trace, f"K tail/{scheme}")
     assert result.ok, result.message()
 
@@ -217,7 +215,7 @@ def _block_order_kernel(out_ptr):
 
 
 def test_the_four_block_factors_of_a_scale_word_come_out_in_block_order():
-    """DUP_FACTORS builds NVFP4's four block factors of a scale word as d0, d2 (one word's halves) and d1, d3 (the
+    """The compiled K loop builds NVFP4's four block factors of a scale word as d0, d2 (one word's halves) and d1, d3 (the
     other's) and must lay them out as blocks 0, 1, 2, 3 (triton_kernels._in_order): tl.join nests its new dim last,
     so the naive join(join(d0, d1), join(d2, d3)) gives 0, 2, 1, 3 (a session-15 review found exactly that)."""
     from harness.platforms import default_device
@@ -227,30 +225,57 @@ def test_the_four_block_factors_of_a_scale_word_come_out_in_block_order():
     assert out.cpu().tolist() == list(range(32))
 
 
-@pytest.mark.parametrize("scheme,act", [("w_mxfp4", "SWIGLUOAI"), ("w_nvfp4", "SILU"), ("w_nvfp4_a_nvfp4", "SWIGLUOAI")])
-def test_block_factors_built_once_as_bf16x2_words_give_the_same_outputs_bit_for_bit(scheme, act):
-    """TritonBitplaceBackend.dup_factors (DUP_FACTORS: MX factors by one multiply of the scale byte, NVFP4's by byte
-    permutes of the placed pairs) only changes how the compiled loop builds each block's factor word: the outputs
-    are bit for bit the default's, K tails and split-K included. Compiled code only: the interpreter runs the fp32
-    twin, which it does not touch."""
-    from harness.backends import triton_kernels as K
-    from harness.backends.triton_bitplace import TritonBitplaceBackend
-    from harness.core.conformance import Shape, backend_shape, case_inputs, case_checkpoint
+@triton.jit
+def _decode_tile_kernel(out_ptr, w_ptr, ws_ptr, K, W_KIND: tl.constexpr, INTERPRET_DOT: tl.constexpr,
+                        ROW_PAIRS: tl.constexpr):
+    """Program ci: the 64 rows x 128 columns of chunk ci as the GEMM's K loop decodes them, stored as fp32."""
+    ci = tl.program_id(0)
+    tile = _fp4_bitplace_tile(w_ptr, ws_ptr, tl.program_id(1), 0, 1, 0, 64, ci, 64, K, W_KIND, 1, INTERPRET_DOT,
+                              4, 0, ROW_PAIRS)
+    cols = ci * 128 + tl.arange(0, 128)
+    tl.store(out_ptr + tl.arange(0, 64)[:, None] * K + cols[None, :], tile.to(tl.float32))
 
-    if K.INTERPRET:
-        pytest.skip("DUP_FACTORS changes the compiled loop only; the interpreter runs the fp32 twin (a GPU's check)")
-    outs = []
-    for dup in (False, True):
-        backend = TritonBitplaceBackend().configure(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=2,
-                                                    split_k=2)
-        backend.dup_factors = dup
-        shape = backend_shape(backend, Shape(num_experts=4, hidden_size=416, intermediate_size=160, tokens=9, top_k=3))
-        ckpt = case_checkpoint(scheme, act, "e4m3fn", shape, 5, True)
-        x, w, ids = case_inputs(shape, 5)
-        prep = backend.prepare(ckpt)
-        assert prep.constexprs["DUP_FACTORS"] is dup
-        outs.append(backend.forward(prep, x, w, ids).cpu())
-    assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
+
+@pytest.mark.parametrize("row_pairs", [False, True], ids=["rows", "row_pairs"])
+@pytest.mark.parametrize("scheme", ["w_mxfp4", "w_nvfp4"])
+def test_the_kernel_decodes_every_code_under_every_scale_exactly(scheme, row_pairs):
+    """The K loop's weight tile itself (triton_kernels._fp4_bitplace_tile, from prepare()'s layouts), stored and
+    compared with the reference dequantization: MXFP4 code x 2^(s - 127) for every E8M0 scale the fold takes
+    (0..128, bf16 subnormals included), NVFP4 code x E4M3 scale x 2^-7 for every non-NaN E4M3 code (negative and
+    subnormal scales included), every code at every column of a chunk. Compiled, this is the bf16 loop that builds
+    each block's factor once as a bf16x2 word (MX: one integer multiply; NVFP4: byte permutes and _in_order); on
+    the CPU the interpreter's fp32 twin."""
+    from harness.backends import triton_kernels as K
+    from harness.backends.triton_bitplace import bitplace_scales, mma_order_codes, pair_rows
+    from harness.platforms import default_device
+    from reference.mx import dequantize_mx
+
+    mx = scheme == "w_mxfp4"
+    block = 32 if mx else 16
+    k = 128 * 9  # 64 rows x 9 chunks: 2304 MX blocks (each scale ~18 times), 4608 NVFP4 blocks (each ~18 times)
+    g = torch.Generator().manual_seed(7)
+    codes = torch.randint(0, 16, (64, k), generator=g, dtype=torch.uint8)
+    blocks = torch.arange(64 * k // block).reshape(64, k // block)
+    if mx:
+        scales = (blocks % (E8M0_FOLDABLE_MAX + 1)).to(torch.uint8)
+        want = dequantize_mx(codes, scales, E2M1)
+    else:
+        finite = torch.tensor([c for c in range(256) if c & 0x7F != 0x7F], dtype=torch.uint8)
+        scales = finite[blocks % len(finite)]
+        want = (E2M1.values.double()[codes.long()] * E4M3FN.values.double()[scales.long()]
+                .repeat_interleave(block, dim=1) * 2.0**-7)
+    w = mma_order_codes(pack_fp4(codes)[None])
+    ws = bitplace_scales(scales[None], mx, 128 // block)
+    if row_pairs:
+        w, ws = pair_rows(w, 64), pair_rows(ws, 128 // block)
+    device = default_device()
+    out = torch.full((64, k), float("nan"), dtype=torch.float32, device=device)
+    _decode_tile_kernel[(k // 128, 1)](out, w.to(device), ws.to(device), k, 1 if mx else 2, K.INTERPRET, row_pairs)
+    assert torch.equal(want.float().bfloat16().double(), want)  # every product is a bf16 value: exact is the bar
+    got = out.cpu().double()
+    bad = got != want
+    assert not bad.any(), (f"{int(bad.sum())} of {bad.numel()} weights decoded wrong, first at (row, column) "
+                           f"{tuple(bad.nonzero()[0].tolist())}: got {got[bad][0].item()!r}, want {want[bad][0].item()!r}")
 
 
 @pytest.mark.parametrize("tiles", [{}, dict(block_n=128, w2_block_n=128, split_k=2)], ids=["default", "two_reps_split_k"])
@@ -274,7 +299,7 @@ def test_rows_stored_in_pairs_give_the_same_outputs_bit_for_bit(scheme, act, til
         ckpt = case_checkpoint(scheme, act, "e4m3fn", shape, 3, True)
         x, w, ids = case_inputs(shape, 3)
         prep = backend.prepare(ckpt)
-        assert prep.constexprs == dict(BITPLACE=True, ROW_PAIRS=paired, DUP_FACTORS=backend.dup_factors)
+        assert prep.constexprs == dict(BITPLACE=True, ROW_PAIRS=paired)
         outs.append(backend.forward(prep, x, w, ids))
     assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
 
@@ -331,10 +356,37 @@ def test_every_bitplace_tile_configuration_the_sweep_may_pick_is_exact(scheme, b
     shape = backend_shape(backend, Shape(num_experts=4, hidden_size=hidden, intermediate_size=inter, tokens=tokens,
                                          top_k=3))
     ckpt, inputs, out, trace = reference_run(scheme, "SWIGLUOAI", "e4m3fn", shape, seed, backend_structure(backend))
-    assert backend.prepare(ckpt).constexprs == dict(BITPLACE=True, ROW_PAIRS=backend.row_pairs,
-                                                     DUP_FACTORS=backend.dup_factors)
+    assert backend.prepare(ckpt).constexprs == dict(BITPLACE=True, ROW_PAIRS=backend.row_pairs)
     result = compare_backend(backend, ckpt, inputs, out, trace, f"{scheme} tiles")
     assert result.ok, result.message()
+
+
+def test_the_decode_row_splits_k_until_gemm1_fills_the_gpu(monkeypatch):
+    """BITPLACE_TILES' decode row resolves split_k from GEMM1's programs (split_k_to_fill), as the H200 sweep chose
+    (results/gpu-issue28/run-2): gpt-oss-120b at one token (4 experts x 45 tiles) 4 ways, Kimi-K2 (8 x 32) 2
+    ways, neither at 8 tokens; forward launches what it resolved, and the table's row is not changed."""
+    from harness.backends import triton_kernels
+    from harness.backends.triton_bitplace import TritonBitplaceBackend
+    from harness.backends.triton_emulation import split_k_to_fill
+    from reference.quantizers import MX
+
+    interpret = triton_kernels.INTERPRET
+    monkeypatch.setattr(triton_kernels, "INTERPRET", False)  # the GPU's tile table
+    backend = TritonBitplaceBackend()
+    row = backend.tile_config(4, MX)
+    for programs, split in ((4 * 45, 4), (8 * 32, 2), (32 * 45, 1), (64 * 32, 1), (1, 4)):
+        tiles = split_k_to_fill(row, programs)
+        assert tiles["split_k"] == split and "split_k_programs" not in tiles, (programs, tiles)
+    assert backend.tile_config(4, MX) == row and "split_k" not in row  # resolved per launch, the row untouched
+    assert "split_k_programs" not in backend.tile_config(2048, MX)  # prefill: never split
+    monkeypatch.setattr(triton_kernels, "INTERPRET", interpret)  # the host's own kernels from here
+    from harness.core.conformance import Shape, backend_shape, case_checkpoint, case_inputs
+
+    backend.tiles = dict(row, num_stages=2)  # the row itself
+    shape = backend_shape(backend, Shape(num_experts=4, hidden_size=128, intermediate_size=96, tokens=1, top_k=3))
+    x, w, ids = case_inputs(shape, 1)
+    backend.forward(backend.prepare(case_checkpoint("w_mxfp4", "SWIGLUOAI", "e4m3fn", shape, 1, True)), x, w, ids)
+    assert [backend.last_launch[g][0][2] for g in ("w13", "w2")] == [4, 4]  # 3 experts x 2 tiles: split 4 ways
 
 
 def test_configure_starts_from_the_base_tiles_not_a_table_row_or_an_earlier_sweep_point(monkeypatch):
@@ -346,7 +398,7 @@ def test_configure_starts_from_the_base_tiles_not_a_table_row_or_an_earlier_swee
     from harness.backends.triton_emulation import TritonEmulationBackend
 
     monkeypatch.setattr(triton_kernels, "INTERPRET", False)  # the GPU's tile tables
-    assert BITPLACE_TILES[0][1].get("split_k", 1) > 1, "the one-token row splits K (the case this guards)"
+    assert BITPLACE_TILES[0][1].get("split_k_programs"), "the decode row splits K at one token (the case this guards)"
     for backend in (TritonBitplaceBackend(), TritonEmulationBackend()):
         assert backend.configure(block_m=16, block_n=64, block_k=128, num_warps=4).tiles.get("split_k", 1) == 1
         backend.configure(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4, split_k=4, mma_steps=2,

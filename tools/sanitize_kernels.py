@@ -27,7 +27,7 @@ CASES = [("bf16", "SILU"), ("w_mxfp4", "SWIGLUOAI"), ("w_mxfp4_a_mxfp4", "SITU")
 
 
 def _bitplace(**switches):
-    """triton_bitplace with issue 28's switches set (row_pairs, dup_factors)."""
+    """triton_bitplace with issue 28's switches set (row_pairs)."""
     from harness.backends.triton_bitplace import TritonBitplaceBackend
 
     backend = TritonBitplaceBackend()
@@ -57,12 +57,9 @@ def main() -> int:
                                  (TritonBitplaceBackend().configure(block_m=16, block_n=64, block_k=128, num_warps=4,
                                                                     num_stages=3, split_k=3),
                                   "w_nvfp4_a_nvfp4", "SWIGLUOAI"),
-                                 # issue 28's row-paired layout (interleaved gate/up stored as halves) and its
-                                 # block factors built once as bf16x2 words
-                                 (_bitplace(row_pairs=True), "w_mxfp4", "SWIGLUOAI"),
-                                 (_bitplace(row_pairs=True), "w_nvfp4", "SILU"),
-                                 (_bitplace(dup_factors=True), "w_mxfp4", "SWIGLUOAI"),
-                                 (_bitplace(dup_factors=True), "w_nvfp4", "SILU"),
+                                 # the layout with rows one by one (issue 28's A/B switch; row pairs are the default)
+                                 (_bitplace(row_pairs=False), "w_mxfp4", "SWIGLUOAI"),
+                                 (_bitplace(row_pairs=False), "w_nvfp4", "SILU"),
                                  # two warpgroups on one activation tile (128 rows, 8 warps)
                                  (_bitplace().configure(block_m=16, block_n=128, block_k=128, num_warps=8,
                                                         num_stages=3), "w_nvfp4_a_nvfp4", "SWIGLUOAI")):

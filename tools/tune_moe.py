@@ -31,8 +31,8 @@ PREFILL = [dict(block_m=m, block_n=n, block_k=k, num_warps=w, num_stages=3)
 # triton_bitplace: one 128-value chunk per K step and one warpgroup (its tiles' layout is the wgmma operand's);
 # mma_steps 2 with maxnreg 96 compiles to 96 registers (5 programs per SM instead of 4, no spill in the loop);
 # split_k shares a tile's K chunks among programs (few tokens leave SMs idle: 180 programs at gpt-oss, 1 token);
-# block_n 128 is 64 row pairs in the row-paired layout (MOE_CONFORMANCE_BITPLACE_ROW_PAIRS=1); 8 warps: two
-# warpgroups on one activation tile, 128 or 256 rows (triton_kernels' Hopper tiles)
+# block_n 128 is 64 row pairs in the row-paired layout (the default; MOE_CONFORMANCE_BITPLACE_ROW_PAIRS=0 stores
+# rows one by one); 8 warps: two warpgroups on one activation tile, 128 or 256 rows (triton_kernels' Hopper tiles)
 BITPLACE_DECODE = [dict(block_m=16, block_n=n, block_k=128, num_warps=w, num_stages=s, mma_steps=k, maxnreg=r,
                         split_k=sk)
                    for (n, w), s, k, r, sk in itertools.product(((64, 4), (128, 4), (128, 8), (256, 8)), (3, 4), (1, 2),

@@ -33,27 +33,25 @@ from . import triton_kernels
 from .triton_emulation import TritonEmulationBackend
 
 
-# (max pairs, tiles), first match wins: the H200 sweep of tools/tune_moe.py (BENCHMARKS.md;
-# results/gpu-issue15-bitplace/run-11c19d4/tune.log). At 1 token (<= 8 pairs) two programs share each tile's K
-# chunks (split_k 2: gpt-oss 55 -> 49 us, Kimi-K2 118 -> 108 us); at 8-64 tokens one program per tile, 4 stages.
-# mma_steps 2 and maxnreg 96 were slower at every token count of both models.
+# (max pairs, tiles), first match wins: the H200 sweep of tools/tune_moe.py (BENCHMARKS.md "Issue 28";
+# results/gpu-issue28/run-2, both code layouts, 1 / 8 / 64 tokens, gpt-oss-120b and Kimi-K2 MXFP4). Decode (up to
+# 1024 pairs): 64 rows (32 row pairs) x 16 pairs, 4 warps, 3 stages, K split until GEMM1 has 512 programs
+# (split_k_to_fill: one token splits 4 ways on gpt-oss, 2 on Kimi-K2; 8 tokens and more not at all). 128-row
+# tiles, 4 stages, 8 warps (two warpgroups on one activation tile, 128 or 256 rows), mma_steps 2 and maxnreg 96 were
+# slower or no faster at every point.
 BITPLACE_TILES = (
-    (8, dict(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=3, split_k=2)),
-    (1024, dict(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4)),
+    (1024, dict(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=3, split_k_programs=512)),
     (1 << 62, dict(block_m=64, block_n=64, block_k=128, num_warps=4, num_stages=3)),
 )
 
 
 class TritonBitplaceBackend(TritonEmulationBackend):
     name = "triton_bitplace"
-    # Issue 28's experiment, off until an H200 run times it: rows stored in pairs, chunk by chunk (pair_rows), so
-    # that each load of codes is whole 128-byte lines, as triton_kernels' Hopper layout does
-    # (results/cpu-issue28/). MOE_CONFORMANCE_BITPLACE_ROW_PAIRS=1 turns it on for a run.
-    row_pairs = os.environ.get("MOE_CONFORMANCE_BITPLACE_ROW_PAIRS", "0") == "1"
-    # Issue 28, session 15: each block factor built once as the bf16x2 word the packed multiply takes (NVFP4's K
-    # loop 563 -> fewer SASS instructions, counted on the CPU); off until an H200 run checks and times it
-    # (results/gpu-issue28/run-4/run-4.sh). MOE_CONFORMANCE_BITPLACE_DUP_FACTORS=1 turns it on for a run.
-    dup_factors = os.environ.get("MOE_CONFORMANCE_BITPLACE_DUP_FACTORS", "0") == "1"
+    # Rows stored in pairs, chunk by chunk (pair_rows), so that each load of codes and scales is whole 128-byte
+    # lines, as triton_kernels' Hopper layout does (issue 28). In one H200 sweep (results/gpu-issue28/run-2) 13-20%
+    # faster at 8 and 64 tokens and 5-16% at one token, at the same tiles, on both models;
+    # MOE_CONFORMANCE_BITPLACE_ROW_PAIRS=0 stores rows one by one (the layout before, for A/B runs).
+    row_pairs = os.environ.get("MOE_CONFORMANCE_BITPLACE_ROW_PAIRS", "1") == "1"
 
     def supports(self, problem, platform) -> tuple[bool, str]:
         w, act = problem.scheme.weight, problem.scheme.act
@@ -110,8 +108,7 @@ class TritonBitplaceBackend(TritonEmulationBackend):
             # power of two on the per-expert global scale, applied to the fp32 accumulator (the same roundings)
             laid.update(w13_expert_scale=prep.w13_expert_scale * _NVFP4_FOLD, w2_expert_scale=prep.w2_expert_scale
                         * _NVFP4_FOLD)
-        return dataclasses.replace(prep, constexprs=dict(BITPLACE=True, ROW_PAIRS=self.row_pairs,
-                                                         DUP_FACTORS=self.dup_factors), **laid)
+        return dataclasses.replace(prep, constexprs=dict(BITPLACE=True, ROW_PAIRS=self.row_pairs), **laid)
 
 
 # The stored order of one 128-value chunk of a row: code n = 4 i0 + 2 i2 + i1 of word 4t + q holds column 32q +

@@ -84,7 +84,8 @@ TILE_KEYS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "w2_blo
 # that more programs fit on a multiprocessor; 0 = the compiler's choice), mma_steps (triton_bitplace: MMA steps per
 # 128-value chunk, 1 or 2; 2 holds half the decoded tile in registers), split_k (triton_bitplace: the K chunks
 # shared among this many programs per tile, fp32 partial sums added in order by splitk_epilogue_kernel: more
-# programs when few tokens leave SMs idle)
+# programs when few tokens leave SMs idle). A table row may give split_k_programs instead: split_k then is the
+# fewest splits that give GEMM1 that many programs (split_k_to_fill)
 # (max pairs, weight kinds or None for any, tiles), first match wins. Decode rows from the H200 sweep
 # of tools/tune_moe.py --quick (results/gpu-issue8/tune.json); prefill rows from its prefill sweep.
 TILE_TABLE = (
@@ -188,6 +189,8 @@ class TritonEmulationBackend:
         p = t * k
         wq = ckpt.scheme.weight
         tiles = self.tile_config(p, None if wq is None else wq.kind)
+        if "split_k_programs" in tiles:  # a table row's rule, resolved here where GEMM1's grid is known
+            tiles = split_k_to_fill(tiles, min(ckpt.num_experts, p) * triton_cdiv(isz, tiles["block_n"]))
         sorted_rows, block_expert = self._align(topk_ids, ckpt.num_experts, tiles["block_m"])
         aq, fp8_fmt = ckpt.scheme.act, ckpt.fp8_format
         a1, a1_mode, a1_scale = self._quantize_activation(x, prepared.a1_scale, aq, fp8_fmt)
@@ -429,6 +432,16 @@ TOPK_BLOCK_H = 128  # columns of the top-k sum per program
 
 _ACTIVATION_QUANTIZERS = {MX: TritonEmulationBackend._mx_activation, NVFP4: TritonEmulationBackend._nvfp4_activation,
                           FP8: TritonEmulationBackend._fp8_activation}
+
+
+def split_k_to_fill(tiles: dict, gemm1_programs: int) -> dict:
+    """The tiles with split_k resolved from a table row's split_k_programs: the fewest of 1, 2, 4 splits of the K
+    chunks that give GEMM1 (at most one M block per routed expert at decode) that many programs, GEMM2 the same
+    splits. From the H200 sweep (results/gpu-issue28/run-2): at one token gpt-oss-120b's 180 programs ran fastest
+    split 4 ways, Kimi-K2's 256 split 2 ways (4 ways was 7% slower there); from 8 tokens on, unsplit."""
+    want = tiles["split_k_programs"]
+    split = tiles.get("split_k") or next((s for s in (1, 2, 4) if gemm1_programs * s >= want), 4)  # a set one stays
+    return {**{k: v for k, v in tiles.items() if k != "split_k_programs"}, "split_k": split}
 
 
 def triton_cdiv(a: int, b: int) -> int:

@@ -339,7 +339,7 @@ def _to_mma_order(x, REPS: tl.constexpr, INNER: tl.constexpr):
 @_device
 def _fp4_bitplace_tile(w_ptr, ws_ptr, expert, n0, ROW_MUL: tl.constexpr, ROW_ADD, n_limit, ci, N_ROWS, K,
                        W_KIND: tl.constexpr, REPS: tl.constexpr, INTERPRET_DOT: tl.constexpr, QW: tl.constexpr = 4,
-                       QH: tl.constexpr = 0, ROW_PAIRS: tl.constexpr = False, DUP_FACTORS: tl.constexpr = False):
+                       QH: tl.constexpr = 0, ROW_PAIRS: tl.constexpr = False):
     """[64 * REPS, 32 QW] FP4 weights of rows ROW_MUL * n + ROW_ADD (n = n0 .. n0 + 64 REPS - 1), chunk ci of K
     (QW = 4), or its columns [32 QW QH, 32 QW (QH + 1)) (QW = 2: words 4t + 2 QH, +1 of each thread-group),
     by bit placement (harness/backends/fp4_bits.py, checked exhaustively), from the layout that
@@ -357,10 +357,11 @@ def _fp4_bitplace_tile(w_ptr, ws_ptr, expert, n0, ROW_MUL: tl.constexpr, ROW_ADD
                         2^7 back into the per-expert global scale that multiplies the accumulator.
     ROW_PAIRS: rows 2m and 2m + 1 stored chunk by chunk side by side (triton_bitplace.pair_rows), so that the lanes
     of rows g = 0 and 1 (lanes 0-7) read one whole 128-byte line of codes per load, and the scales likewise.
-    DUP_FACTORS (compiled only): each block's factor is built once as the bf16x2 word the packed multiply takes
-    (both halves the factor): MX by one integer multiply of the scale byte (x 0x00800080), NVFP4 by one byte
-    permute (prmt) per block of the placed pairs, instead of extracting 16-bit factors and duplicating them at each
-    multiply (issue 28: NVFP4's loop held 32 packed multiplies and ~60 integer operations more than MXFP4's).
+    Compiled, each block's factor is built once as the bf16x2 word the packed multiply takes (both halves the
+    factor): MX by one integer multiply of the scale byte (x 0x00800080), NVFP4 by one byte permute (prmt) per
+    block of the placed pairs, rather than extracting 16-bit factors and duplicating them at each multiply (issue 28:
+    K loop MXFP4 462 -> 446, NVFP4 560 -> 528 SASS; on the H200 bit for bit the old outputs and no slower,
+    results/gpu-issue28/run-4).
     bf16 on the GPU; fp32 (the same placement, 16 bits higher) under the interpreter, whose bf16 is unsound."""
     e64 = expert.to(tl.int64)
     n = _mma_rows(n0, REPS)
@@ -395,10 +396,10 @@ def _fp4_bitplace_tile(w_ptr, ws_ptr, expert, n0, ROW_MUL: tl.constexpr, ROW_ADD
             sbytes = tl.reshape(_bytes_of_words(sword), (8, 4, REPS, 2, 1, 4))
         else:
             sbytes = tl.reshape(tl.join(sword & 0xFF, (sword >> 8) & 0xFF), (8, 4, REPS, 2, 1, 2))
-        if DUP_FACTORS and not INTERPRET_DOT:
-            fbits = sbytes * 0x00800080  # (s + 126) << 7 in both halves: 2^(s - 1) as a bf16x2 word
-        else:
+        if INTERPRET_DOT:
             fbits = sbytes << 7
+        else:
+            fbits = sbytes * 0x00800080  # (s + 126) << 7 in both halves: 2^(s - 1) as a bf16x2 word
     else:
         SWP: tl.constexpr = QW // 2  # scale words of this part
         sw = tl.load(s32 + sbase[:, :, :, :, None] + SWP * QH + tl.arange(0, SWP)[None, None, None, None, :],
@@ -411,19 +412,14 @@ def _fp4_bitplace_tile(w_ptr, ws_ptr, expert, n0, ROW_MUL: tl.constexpr, ROW_ADD
         else:
             # bytes (0, 2) and (1, 3) of each word placed two at a time as bf16x2 words (value x 2^-120), two
             # packed multiplies each, by 2^127 and 2^112 (s x 2^119; in that order nothing leaves bf16's range),
-            # then split into the blocks' bits
+            # then each block's factor in both halves of a word
             even = _mul_bf16x2(_mul_bf16x2(((sw & 0x007F007F) << 4) | ((sw & 0x00800080) << 8), 0x7F007F00),
                                0x77807780)
             odd = _mul_bf16x2(_mul_bf16x2((((sw >> 8) & 0x007F007F) << 4) | (((sw >> 8) & 0x00800080) << 8),
                                           0x7F007F00), 0x77807780)
-            if DUP_FACTORS:  # blocks 0 and 2 are even's halves, 1 and 3 odd's: each half in both halves
-                d0, d2 = _dup_halves(even)
-                d1, d3 = _dup_halves(odd)
-                fbits = tl.reshape(_in_order(d0, d1, d2, d3), (8, 4, REPS, 2, 1, 4 * SWP))
-            else:
-                fbits = tl.join(tl.join(even & 0xFFFF, odd & 0xFFFF),
-                                tl.join((even >> 16) & 0xFFFF, (odd >> 16) & 0xFFFF))
-                fbits = tl.reshape(tl.permute(fbits, (0, 1, 2, 3, 4, 6, 5)), (8, 4, REPS, 2, 1, 4 * SWP))  # in order
+            d0, d2 = _dup_halves(even)  # blocks 0 and 2 are even's halves, 1 and 3 odd's
+            d1, d3 = _dup_halves(odd)
+            fbits = tl.reshape(_in_order(d0, d1, d2, d3), (8, 4, REPS, 2, 1, 4 * SWP))
     # codes n = 4 i0 + p of word 4t + q -> their 16-bit float bits; codes p and p + 4 (columns c and c + 1) placed
     # together into one 32-bit word, the bf16x2 register that the MMA takes
     p0, p1, p2, p3 = _place_pairs(tl.reshape(word, (8, 4, REPS, 2, 4, QW)))
@@ -442,9 +438,6 @@ def _fp4_bitplace_tile(w_ptr, ws_ptr, expert, n0, ROW_MUL: tl.constexpr, ROW_ADD
         lo2, hi2 = _scaled_halves_f32(p2, f23, W_KIND)
         lo3, hi3 = _scaled_halves_f32(p3, f23, W_KIND)
     else:
-        if not DUP_FACTORS:
-            f01 = f01 | (f01 << 16)
-            f23 = f23 | (f23 << 16)
         lo0, hi0 = _scaled_halves_bf16(p0, f01)
         lo1, hi1 = _scaled_halves_bf16(p1, f01)
         lo2, hi2 = _scaled_halves_bf16(p2, f23)
@@ -641,7 +634,7 @@ def moe_gemm_kernel(
     HAS_LIMIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     INTERPRET_DOT: tl.constexpr, DOT_SCALED: tl.constexpr = False, DS_FMT: tl.constexpr = "e2m1",
     BITPLACE: tl.constexpr = False, MMA_STEPS: tl.constexpr = 1, SPLIT_K: tl.constexpr = 1,
-    ROW_PAIRS: tl.constexpr = False, DUP_FACTORS: tl.constexpr = False, QUANT_NVFP4: tl.constexpr = False,
+    ROW_PAIRS: tl.constexpr = False, QUANT_NVFP4: tl.constexpr = False,
 ):
     """out[pair, n] for BLOCK_M pairs of one expert (rows of a: pair // a_row_div) x BLOCK_N outputs.
 
@@ -697,11 +690,11 @@ def moe_gemm_kernel(
                 if INTERPRET_DOT:
                     a = bf16_to_f32(a)
                 wg = _fp4_bitplace_tile(w_ptr, ws_ptr, expert, n0, G_MUL, g_add, N_OUT, ci, N_ROWS, K, W_KIND, REPS,
-                                        INTERPRET_DOT, QW, qh, ROW_PAIRS, DUP_FACTORS)
+                                        INTERPRET_DOT, QW, qh, ROW_PAIRS)
                 acc_gt += _dot_weights_first(wg, a, INTERPRET_DOT)
                 if GATED:
                     wu = _fp4_bitplace_tile(w_ptr, ws_ptr, expert, n0, G_MUL, u_add, N_OUT, ci, N_ROWS, K, W_KIND,
-                                            REPS, INTERPRET_DOT, QW, qh, ROW_PAIRS, DUP_FACTORS)
+                                            REPS, INTERPRET_DOT, QW, qh, ROW_PAIRS)
                     acc_ut += _dot_weights_first(wu, a, INTERPRET_DOT)
         acc_g = tl.trans(acc_gt)
         acc_u = tl.trans(acc_ut) if GATED else acc_g
