@@ -38,6 +38,10 @@ MODEL_SHAPES = {
         ModelShape("kimi-k2", 384, 8, 7168, 2048, "SILU",
                    ("w_mxfp4", "w_nvfp4", "w_nvfp4_a_nvfp4", "bf16", "w_fp8_a_fp8")),
         ModelShape("qwen3-30b-a3b", 128, 8, 2048, 768, "SILU", ("w_nvfp4", "w_mxfp4", "bf16")),
+        # Kimi-K2's experts with gpt-oss's activation, the only one vLLM's triton_kernels path fuses (SWIGLUOAI):
+        # the anchor's Kimi-K2-shaped row (issue 28: "faster than triton_kernels on gpt-oss-120b and Kimi-K2").
+        # The same weight bytes as Kimi-K2's SILU; the activation is in GEMM1's epilogue.
+        ModelShape("kimi-k2-swigluoai", 384, 8, 7168, 2048, "SWIGLUOAI", ("w_mxfp4",)),
     )
 }
 TOKENS = (1, 8, 64, 512, 8192)

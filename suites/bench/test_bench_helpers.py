@@ -71,6 +71,21 @@ def test_the_anchor_is_never_the_candidate_and_is_compared_by_its_gemm_time():
     assert vs["value"] == pytest.approx(1.5) and vs["met"]
 
 
+def test_the_anchor_is_compared_on_kimi_k2_s_shape_with_the_activation_it_runs():
+    """triton_kernels fuses SWIGLUOAI only, so Kimi-K2's anchor comparison runs on kimi-k2-swigluoai: Kimi-K2's
+    experts, top-k and sizes exactly (the same weight bytes), gpt-oss's activation; ours is judged there too."""
+    kimi, twin = MODEL_SHAPES["kimi-k2"], MODEL_SHAPES["kimi-k2-swigluoai"]
+    assert (twin.num_experts, twin.top_k, twin.hidden_size, twin.intermediate_size, twin.biased) == (
+        kimi.num_experts, kimi.top_k, kimi.hidden_size, kimi.intermediate_size, kimi.biased)
+    assert twin.activation == MODEL_SHAPES["gpt-oss-120b"].activation == "SWIGLUOAI" and "w_mxfp4" in twin.schemes
+    rows = [_row(m, "w_mxfp4", t, "triton_bitplace", 100.0) for m in ("kimi-k2", "kimi-k2-swigluoai") for t in (1, 8)]
+    rows += [dict(_row("kimi-k2-swigluoai", "w_mxfp4", t, "triton_kernels_ogs", 150.0), gemm_kernels_us=120.0)
+             for t in (1, 8)]
+    vs = [x for x in evaluate_targets(rows, {}) if x["target"] == "MXFP4 W4A16 decode: x faster than triton_kernels' GEMMs"]
+    assert [x["case"].split()[:2] for x in vs] == [["kimi-k2-swigluoai", "T=1"], ["kimi-k2-swigluoai", "T=8"]]
+    assert all(x["value"] == pytest.approx(1.2) and x["met"] for x in vs)
+
+
 @pytest.mark.parametrize("scheme", sorted(SCHEMES))
 def test_device_checkpoints_hold_valid_finite_codes_of_their_scheme(scheme):
     """The benchmarks' model-size checkpoints are drawn in checkpoint layout without the reference
