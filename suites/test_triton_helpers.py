@@ -65,6 +65,56 @@ def test_the_fused_alignment_equals_the_torch_one():
             assert torch.equal(got[1].cpu(), want[1]), (name, bm)
 
 
+def test_the_routing_launch_quantizes_gemm1_s_nvfp4_input_bit_for_bit():
+    """NVFP4 W4A4 at decode: moe_align_kernel's programs 1.. store x's NVFP4 values (one launch fewer than a
+    separate nvfp4_quantize_kernel, issue 28): the routing arrays unchanged and the values nvfp4_quantize_kernel's
+    bit for bit, with rows that are not a whole 16-row block, bf16 subnormals, zero blocks and blocks past the
+    E4M3 scale's range; the forward then launches no separate NVFP4 quantizer at all (GEMM1's epilogue quantizes
+    GEMM2's input), and with the folds off it launches two."""
+    from harness.backends import triton_kernels as K
+    from harness.backends.triton_emulation import TritonEmulationBackend
+    from harness.core.conformance import Shape, case_checkpoint, case_inputs
+
+    backend = TritonEmulationBackend()
+    device = default_device()
+    g = torch.Generator().manual_seed(3)
+    for name, ids, experts in list(_routings())[:3]:
+        t = ids.shape[0]
+        x = (torch.randn(t, 96, generator=g) * torch.logspace(-40, 3, 96, base=2.0)).to(torch.bfloat16)
+        x[0, :16] = 0.0
+        x[-1, 16:32] = torch.tensor(9.2e-41).to(torch.bfloat16)  # bf16 subnormals
+        x, s_dec = x.to(device), torch.tensor(2.0**-9, device=device)
+        values = torch.full_like(x, float("nan"))
+        got = backend._align(ids.to(device), experts, 16, nvfp4=(x, s_dec, values))
+        want = backend._align_torch(ids, experts, 16)
+        assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1]), name
+        _, _, ref = backend._nvfp4(x, s_dec, values=True)
+        assert torch.equal(values.view(torch.int16), ref.view(torch.int16)), name
+        assert ref.abs().max() > 0
+    launches = []
+    real = K.nvfp4_quantize_kernel
+
+    class _Counting:
+        def __getitem__(self, grid):
+            launches.append(grid)
+            return real[grid]
+
+    shape = Shape(num_experts=4, hidden_size=128, intermediate_size=96, tokens=3, top_k=2)
+    ckpt = case_checkpoint("w_nvfp4_a_nvfp4", "SILU", "e4m3fn", shape, 1, False)
+    x, w, ids = case_inputs(shape, 1)
+    outs = []
+    try:
+        K.nvfp4_quantize_kernel = _Counting()
+        for fold in (True, False):
+            backend.fold_epilogues = fold
+            outs.append(backend.forward(backend.prepare(ckpt), x.to(device), w.to(device), ids.to(device)))
+            launches.append(fold)
+    finally:
+        K.nvfp4_quantize_kernel = real
+    assert launches[:1] == [True] and len(launches) == 4 and launches[-1] is False, launches
+    assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
+
+
 def test_the_activation_quantizers_read_bf16_exactly_subnormals_included():
     """The fused forward hands its bf16 activations to the quantizer kernels with no fp32 copy (they upcast on
     load): codes, scales and values must be those of the fp32 copy, bf16 subnormals included (the interpreter's

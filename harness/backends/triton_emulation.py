@@ -191,12 +191,18 @@ class TritonEmulationBackend:
         tiles = self.tile_config(p, None if wq is None else wq.kind)
         if "split_k_programs" in tiles:  # a table row's rule, resolved here where GEMM1's grid is known
             tiles = split_k_to_fill(tiles, min(ckpt.num_experts, p) * triton_cdiv(isz, tiles["block_n"]))
-        sorted_rows, block_expert = self._align(topk_ids, ckpt.num_experts, tiles["block_m"])
         aq, fp8_fmt = ckpt.scheme.act, ckpt.fp8_format
-        a1, a1_mode, a1_scale = self._quantize_activation(x, prepared.a1_scale, aq, fp8_fmt)
-        y = torch.empty(p, isz, dtype=torch.bfloat16, device=dev)
-        # NVFP4 W4A4: GEMM1's epilogue stores GEMM2's activation values itself (nvfp4_quantize_kernel's)
+        # NVFP4 W4A4: the routing launch also quantizes GEMM1's input (at decode), GEMM1's epilogue GEMM2's;
+        # both store nvfp4_quantize_kernel's values
         fold_nvfp4 = self.fold_epilogues and aq is not None and aq.kind is NVFP4
+        a1 = torch.empty(t, h, dtype=torch.bfloat16, device=dev) if fold_nvfp4 and p <= FUSED_ALIGN_MAX_PAIRS else None
+        sorted_rows, block_expert = self._align(topk_ids, ckpt.num_experts, tiles["block_m"],
+                                                nvfp4=None if a1 is None else (x.contiguous(), prepared.a1_scale, a1))
+        if a1 is None:
+            a1, a1_mode, a1_scale = self._quantize_activation(x, prepared.a1_scale, aq, fp8_fmt)
+        else:
+            a1_mode, a1_scale = 1, prepared.a1_scale.reshape(1)
+        y = torch.empty(p, isz, dtype=torch.bfloat16, device=dev)
         if self._gemm(prepared, "w13", a1, a1_mode, a1_scale, y, sorted_rows, block_expert, topk_ids, a_row_div=k,
                       n_out=isz, k_dim=h, apply_act=True, tiles=tiles,
                       quantize_nvfp4=prepared.a2_scale if fold_nvfp4 else None):
@@ -321,15 +327,20 @@ class TritonEmulationBackend:
         _, s, v = self._fp8(x2, fmt, None, group, values=True)
         return v, 2, s
 
-    def _align(self, topk_ids, num_experts, bm: int):
+    def _align(self, topk_ids, num_experts, bm: int, nvfp4=None):
         """Pairs (token, k) sorted by expert, each expert's run padded to BLOCK_M with the sentinel P, and each
         block's expert (-1 for unused blocks). Sized for the worst case (sum over experts of ceil(count /
         BLOCK_M) <= ceil(P / BLOCK_M) + min(E, P) blocks) so that nothing is read back to the host. Up to
         FUSED_ALIGN_MAX_PAIRS pairs one Triton program does it (moe_align_kernel: at decode the dozen torch
-        launches of _align_torch cost more than the GEMMs' weight streaming at one token); above, torch."""
+        launches of _align_torch cost more than the GEMMs' weight streaming at one token); above, torch.
+        nvfp4=(x, tensor scale, out) (up to FUSED_ALIGN_MAX_PAIRS pairs): the same launch stores x's NVFP4
+        activation values into out, nvfp4_quantize_kernel's bit for bit."""
         flat = topk_ids.reshape(-1)
         p = flat.numel()
         if p > FUSED_ALIGN_MAX_PAIRS:
+            if nvfp4 is not None:
+                raise ValueError(f"the NVFP4 quantization rides on the one-program routing: at most "
+                                 f"{FUSED_ALIGN_MAX_PAIRS} pairs, got {p}")
             return self._align_torch(topk_ids, num_experts, bm)
         dev = flat.device
         max_blocks = triton_cdiv(p, bm) + min(num_experts, p)
@@ -337,8 +348,17 @@ class TritonEmulationBackend:
         block_expert = torch.empty(max_blocks, dtype=torch.int32, device=dev)
         block_e = triton.next_power_of_2(num_experts)
         scratch = torch.empty(block_e, dtype=torch.int32, device=dev)
-        K.moe_align_kernel[(1,)](flat.contiguous(), scratch, sorted_rows, block_expert, p, max_blocks, BLOCK_M=bm,
-                                 BLOCK_P=max(16, triton.next_power_of_2(p)), BLOCK_E=block_e, CHUNK=16, num_warps=4)
+        quant = {}
+        if nvfp4 is not None:
+            x, s_dec, values = nvfp4
+            if x.shape[1] % 16:
+                raise ValueError(f"x's last dim must be divisible by 16, got {x.shape[1]}")
+            quant = dict(x_ptr=x, values_ptr=values, s_dec_ptr=s_dec.reshape(1).to(torch.float32), x_rows=x.shape[0],
+                         x_cols=x.shape[1], QUANT_NVFP4=True)
+        programs = 1 + (triton_cdiv(quant["x_rows"], 16) * quant["x_cols"] // 16 if quant else 0)
+        K.moe_align_kernel[(programs,)](flat.contiguous(), scratch, sorted_rows, block_expert, p, max_blocks,
+                                        BLOCK_M=bm, BLOCK_P=max(16, triton.next_power_of_2(p)), BLOCK_E=block_e,
+                                        CHUNK=16, num_warps=4, **quant)
         return sorted_rows, block_expert
 
     @staticmethod

@@ -141,12 +141,12 @@ def _decode(code, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr):
 
 
 @triton.jit
-def _row_block_tile(n_rows, n_cols, group_size, GROUP: tl.constexpr, BLOCK_M: tl.constexpr):
-    """The tile of a quantizer program: BLOCK_M rows (program axis 0) x one scale block of group_size
-    columns (axis 1; GROUP >= group_size, a power of two, lanes past group_size masked). int64 offsets."""
-    rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+def _row_block_tile(n_rows, n_cols, group_size, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, pid_r, pid_c):
+    """The tile of a quantizer program: BLOCK_M rows (row block pid_r) x one scale block of group_size
+    columns (block pid_c; GROUP >= group_size, a power of two, lanes past group_size masked). int64 offsets."""
+    rows = (pid_r * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     in_group = tl.arange(0, GROUP)
-    cols = tl.program_id(1) * group_size + in_group
+    cols = pid_c * group_size + in_group
     mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols) & (in_group[None, :] < group_size)
     return rows, mask, rows[:, None] * n_cols + cols[None, :]
 
@@ -159,7 +159,7 @@ def mx_quantize_kernel(x_ptr, codes_ptr, scales_ptr, values_ptr, n_rows, n_cols,
     """One program: BLOCK_M rows x one block of 32 columns. Writes codes and E8M0 scales, and with
     WRITE_VALUES the dequantized values (bf16, exact) for the GEMMs."""
     pid_b = tl.program_id(1)
-    rows, mask, offs = _row_block_tile(n_rows, n_cols, 32, 32, BLOCK_M)
+    rows, mask, offs = _row_block_tile(n_rows, n_cols, 32, 32, BLOCK_M, tl.program_id(0), tl.program_id(1))
     x = _load_f32(x_ptr, offs, mask)  # bf16 activations or fp32 (the entry points)
     # a block holding NaN or Inf: checked per element (a max may drop NaNs)
     nonfinite = tl.max(((x != x) | (tl.abs(x) == float("inf"))).to(tl.int32), axis=1) > 0
@@ -189,13 +189,21 @@ def nvfp4_quantize_kernel(x_ptr, codes_ptr, scales_ptr, values_ptr, s_dec_ptr, n
     fp32 tensor scale (s_enc = fl(1 / s_dec)), E2M1 elements of fl(x / fl(stored * s_dec)).
     WRITE_VALUES stores e2m1 * stored (exact in bf16; s_dec is applied by the GEMM)."""
     pid_b = tl.program_id(1)
-    rows, mask, offs = _row_block_tile(n_rows, n_cols, 16, 16, BLOCK_M)
-    x = _load_f32(x_ptr, offs, mask)  # bf16 activations or fp32 (the entry points)
-    codes, stored, v = _nvfp4_blocks(x, tl.load(s_dec_ptr), 1)
+    rows, mask, offs, codes, stored, v = _nvfp4_tile(x_ptr, s_dec_ptr, n_rows, n_cols, BLOCK_M, tl.program_id(0), pid_b)
     tl.store(codes_ptr + offs, codes.to(tl.uint8), mask=mask)
     tl.store(scales_ptr + rows * (n_cols // 16) + pid_b, stored.to(tl.uint8), mask=rows < n_rows)
     if WRITE_VALUES:
         tl.store(values_ptr + offs, f32_to_bf16(v), mask=mask)
+
+
+@_device
+def _nvfp4_tile(x_ptr, s_dec_ptr, n_rows, n_cols, BLOCK_M: tl.constexpr, pid_r, pid_b):
+    """Row block pid_r x 16-column block pid_b of x quantized to NVFP4 (_nvfp4_blocks): rows, mask, offsets,
+    codes, block-scale codes and values."""
+    rows, mask, offs = _row_block_tile(n_rows, n_cols, 16, 16, BLOCK_M, pid_r, pid_b)
+    x = _load_f32(x_ptr, offs, mask)  # bf16 activations or fp32 (the entry points)
+    codes, stored, v = _nvfp4_blocks(x, tl.load(s_dec_ptr), 1)
+    return rows, mask, offs, codes, stored, v
 
 
 @_device
@@ -225,7 +233,8 @@ def fp8_quantize_kernel(x_ptr, codes_ptr, scale_ptr, values_ptr, n_rows, n_cols,
     one static scale
     at scale_ptr. WRITE_VALUES stores the code values (exact in bf16; the scale is the GEMM's)."""
     pid_b = tl.program_id(1)
-    rows, mask, offs = _row_block_tile(n_rows, n_cols, group_size, GROUP, BLOCK_M)
+    rows, mask, offs = _row_block_tile(n_rows, n_cols, group_size, GROUP, BLOCK_M, tl.program_id(0),
+                                     tl.program_id(1))
     x = _load_f32(x_ptr, offs, mask)  # bf16 activations or fp32 (the entry points)
     if DYNAMIC:
         amax = tl.max(tl.abs(x), axis=1)
@@ -796,12 +805,23 @@ def splitk_epilogue_kernel(part_ptr, ids_ptr, a_scale_ptr, expert_scale_ptr, bia
 
 @triton.jit
 def moe_align_kernel(ids_ptr, start_ptr, sorted_rows_ptr, block_expert_ptr, n_pairs, max_blocks,
-                     BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK: tl.constexpr):
+                     BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK: tl.constexpr,
+                     x_ptr=None, values_ptr=None, s_dec_ptr=None, x_rows=0, x_cols=16,
+                     QUANT_NVFP4: tl.constexpr = False):
     """The routing glue of the fused MoE in one program, for at most BLOCK_P pairs (decode): pairs (token, k) in
     expert order, stable, each expert's run padded to whole blocks of BLOCK_M with the sentinel n_pairs
     (sorted_rows, max_blocks x BLOCK_M), and the expert of each block, -1 past the used ones (block_expert).
     The same two arrays as the dozen torch ops of TritonEmulationBackend._align_torch, in one launch.
-    start_ptr: BLOCK_E int32 of scratch (each expert's first block, gathered back by expert id)."""
+    start_ptr: BLOCK_E int32 of scratch (each expert's first block, gathered back by expert id).
+    QUANT_NVFP4: programs 1.. (16 rows x 16 columns each) also store GEMM1's NVFP4 activation values of x
+    (nvfp4_quantize_kernel's, the same _nvfp4_tile): one launch fewer at decode (issue 28, W4A4)."""
+    if QUANT_NVFP4:
+        tile = tl.program_id(0) - 1
+        if tile >= 0:
+            n_b = x_cols // 16
+            _, mask, offs, _, _, v = _nvfp4_tile(x_ptr, s_dec_ptr, x_rows, x_cols, 16, tile // n_b, tile % n_b)
+            tl.store(values_ptr + offs, f32_to_bf16(v), mask=mask)
+            return
     p = tl.arange(0, BLOCK_P)
     pmask = p < n_pairs
     ids = tl.load(ids_ptr + p, mask=pmask, other=0).to(tl.int32)
