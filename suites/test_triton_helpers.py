@@ -4,6 +4,11 @@ canonical NaN is 0x7FFFFFFF, numpy's 0x7FC00000."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import torch
 
 from harness.backends import triton_kernels as K
@@ -113,6 +118,25 @@ def test_the_routing_launch_quantizes_gemm1_s_nvfp4_input_bit_for_bit():
         K.nvfp4_quantize_kernel = real
     assert launches[:1] == [True] and len(launches) == 4 and launches[-1] is False, launches
     assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
+
+
+def test_the_kernels_a_forward_launches_compile_for_sm90_without_a_gpu():
+    """The interpreter runs a kernel's Python, not the compiler: harness.backends.compile_check records the launches
+    of forwards (nothing runs) and compiles each for sm90 with the installed Triton's ptxas, so that a kernel that
+    cannot compile (a loop-carried variable changing type: moe_align_kernel's NVFP4 programs once did) fails here
+    rather than on a GPU loan. The GEMM kernel (~40 s a variant) is left to tools/count_loop_instructions.py and
+    the GPU runs."""
+    cases = ["triton_bitplace/w_nvfp4_a_nvfp4/SILU", "triton_emulation/w_mxfp4_a_mxfp4/SWIGLUOAI",
+             "triton_emulation/w_fp8_a_fp8_block/SILU", "triton_emulation/w_fp8_a_fp8/GELU", "triton_emulation/bf16/SILU"]
+    cmd = [sys.executable, "-m", "harness.backends.compile_check", "--tokens", "1", "64", "--skip", "moe_gemm_kernel"]
+    for case in cases:
+        cmd += ["--case", case]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, TRITON_INTERPRET="0"), cwd=Path(__file__).resolve().parents[1])
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    compiled = {line.split()[1] for line in run.stdout.splitlines() if line.startswith("compiled ")}
+    assert compiled >= {"moe_align_kernel", "splitk_epilogue_kernel", "splitk_topk_reduce_kernel", "mx_quantize_kernel",
+                        "fp8_quantize_kernel", "topk_reduce_kernel"}, run.stdout
 
 
 def test_the_activation_quantizers_read_bf16_exactly_subnormals_included():

@@ -27,10 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
 
 from harness.backends import load_backend  # noqa: E402
 from harness.backends import triton_kernels as K  # noqa: E402
+from harness.backends.compile_check import compile_launch  # noqa: E402
 from harness.bench import MODEL_SHAPES, routed_inputs  # noqa: E402
 from harness.bench.diagnosis import INSTRUCTION_BUDGET as BUDGET, k_loop, sass, weight_bytes_per_iteration  # noqa: E402
 from harness.bench.report import write_results_json  # noqa: E402
@@ -38,8 +38,6 @@ from reference.checkpoints import make_checkpoint  # noqa: E402
 
 PATHS = [("bf16", "triton_emulation"), ("w_mxfp4", "triton_emulation"), ("w_mxfp4", "triton_dot_scaled"),
          ("w_mxfp4", "triton_bitplace"), ("w_nvfp4", "triton_emulation"), ("w_nvfp4", "triton_bitplace")]
-_DTYPES = {torch.bfloat16: "bf16", torch.float32: "fp32", torch.uint8: "u8", torch.int32: "i32", torch.int64: "i64",
-           torch.float16: "fp16"}
 
 
 class _Captured(Exception):
@@ -68,7 +66,7 @@ def capture_gemm1(scheme: str, backend_name: str, model: str, tokens: int) -> tu
     real, K.moe_gemm_kernel = K.moe_gemm_kernel, _Grab()
     # the routing alignment's own Triton kernel would need a GPU driver to launch here: its torch twin gives the
     # same blocks
-    backend._align = lambda topk_ids, num_experts, bm: backend._align_torch(topk_ids, num_experts, bm)
+    backend._align = lambda topk_ids, num_experts, bm, nvfp4=None: backend._align_torch(topk_ids, num_experts, bm)
     # and an activation quantizer's kernel likewise (W4A4 paths): the GEMM's operands have the same dtypes and
     # layout whatever the values, and only GEMM1's launch is wanted
     backend._quantize_activation = lambda x2, scale, aq, fmt: ((x2, 0, x2) if aq is None else
@@ -89,30 +87,7 @@ def capture_gemm1(scheme: str, backend_name: str, model: str, tokens: int) -> tu
 
 
 def compile_sm90(args: tuple, kwargs: dict):
-    fn = K.moe_gemm_kernel
-    names = fn.arg_names
-    signature, constexprs = {}, {}
-    for name, value in zip(names, args):
-        if isinstance(value, torch.Tensor):
-            signature[name] = "*" + _DTYPES[value.dtype]
-        elif isinstance(value, bool):
-            signature[name] = "i1"
-        elif isinstance(value, int):
-            signature[name] = "i32"
-        else:
-            signature[name] = "fp32"
-    for param in fn.params[len(args):]:  # constexprs: the launch's, else the kernel's defaults
-        if param.name in kwargs or param.has_default:
-            signature[param.name] = "constexpr"
-            constexprs[param.name] = kwargs.get(param.name, param.default)
-    # the specialisation a launch makes: 16-byte aligned pointers and integers divisible by 16 are marked so,
-    # which is what lets the compiler vectorise loads (without it every load is counted one element wide)
-    aligned = {(i,): [["tt.divisibility", 16]] for i, value in enumerate(args)
-               if isinstance(value, torch.Tensor) and value.data_ptr() % 16 == 0
-               or isinstance(value, int) and not isinstance(value, bool) and value % 16 == 0}
-    src = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=aligned)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                          options=dict(num_warps=kwargs["num_warps"], num_stages=kwargs["num_stages"]))
+    return compile_launch(K.moe_gemm_kernel, args, kwargs)
 
 
 def main(argv=None) -> int:

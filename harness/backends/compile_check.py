@@ -1,0 +1,143 @@
+"""The Triton kernels a backend's forward launches, compiled for a GPU target on a machine without that GPU.
+
+The interpreter runs the kernels' Python, not the compiler: a kernel that passes every CPU test may still fail to
+compile (a loop-carried variable that changes type, a layout the backend refuses), which a GPU run then finds at
+the cost of a device call. Here the forward runs with every kernel of `harness.backends.triton_kernels` replaced
+by a recorder (nothing executes: the launches' arguments are what the forward would pass), and each distinct
+launch is compiled for the target with the installed Triton's own ptxas.
+
+    python -m harness.backends.compile_check --case triton_bitplace/w_nvfp4_a_nvfp4/SILU [--case ...]
+        [--tokens 1 64] [--skip moe_gemm_kernel]
+
+Must be imported with TRITON_INTERPRET unset or 0 (the kernels are then JIT functions the compiler takes);
+run as a module it sees to that itself. suites/test_triton_helpers.py runs it in a subprocess.
+"""
+
+from __future__ import annotations
+
+import os
+
+if __name__ == "__main__":
+    os.environ["TRITON_INTERPRET"] = "0"  # before any kernel is defined
+
+import argparse
+import sys
+import time
+
+import torch
+
+SM90 = ("cuda", 90, 32)
+_DTYPES = {torch.bfloat16: "bf16", torch.float32: "fp32", torch.uint8: "u8", torch.int32: "i32", torch.int64: "i64",
+           torch.float16: "fp16", torch.int8: "i8", torch.int16: "i16"}
+_OPTIONS = ("num_warps", "num_stages", "maxnreg")
+
+
+class _Recorded(list):
+    """(kernel name, JIT function, args, kwargs) of each launch."""
+
+
+def record_launches(backend, ckpt, x, w, ids) -> _Recorded:
+    """The forward's kernel launches, none executed (their outputs stay as allocated)."""
+    from harness.backends import triton_kernels as K
+    import triton
+
+    if K.INTERPRET:
+        raise RuntimeError("compile_check needs TRITON_INTERPRET=0 before harness.backends.triton_kernels is imported")
+    launches = _Recorded()
+    kernels = {name: fn for name, fn in vars(K).items() if isinstance(fn, triton.runtime.jit.JITFunction)
+               and fn.fn.__name__ == name and "tl.program_id" in fn.src}
+
+    class _Recorder:
+        def __init__(self, name, fn):
+            self.name, self.fn = name, fn
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launches.append((self.name, self.fn, args, kwargs))
+
+    try:
+        for name, fn in kernels.items():
+            setattr(K, name, _Recorder(name, fn))
+        backend.forward(backend.prepare(ckpt), x, w, ids)
+    finally:
+        for name, fn in kernels.items():
+            setattr(K, name, fn)
+    return launches
+
+
+def compile_launch(fn, args: tuple, kwargs: dict, target=SM90):
+    """One launch compiled for target: the signature from the arguments' types, constexprs from the launch, else
+    the kernel's defaults, 16-byte aligned pointers and integers divisible by 16 marked as a launch marks them."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    values = dict(zip(fn.arg_names, args))
+    values.update({k: v for k, v in kwargs.items() if k not in _OPTIONS})
+    signature, constexprs, aligned = {}, {}, {}
+    for i, param in enumerate(fn.params):
+        if param.name in values:
+            value = values[param.name]
+        elif param.has_default:
+            value = param.default
+        else:
+            raise TypeError(f"{fn.fn.__name__}: no value for {param.name}")
+        if param.is_constexpr or value is None:
+            signature[param.name], constexprs[param.name] = "constexpr", value
+        elif isinstance(value, torch.Tensor):
+            signature[param.name] = "*" + _DTYPES[value.dtype]
+            if value.data_ptr() % 16 == 0:
+                aligned[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(value, bool):
+            signature[param.name] = "i1"
+        elif isinstance(value, int):
+            signature[param.name] = "i32" if -2**31 <= value < 2**31 else "i64"
+            if value % 16 == 0:
+                aligned[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(value, float):
+            signature[param.name] = "fp32"
+        else:
+            raise TypeError(f"{fn.fn.__name__}: argument {param.name} of type {type(value).__name__}")
+    src = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=aligned)
+    options = {k: kwargs[k] for k in _OPTIONS if kwargs.get(k)}
+    return triton.compile(src, target=GPUTarget(*target), options=options)
+
+
+def main(argv=None) -> int:
+    from harness.backends import load_backend
+    from harness.core.conformance import Shape, backend_shape, case_checkpoint, case_inputs
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--case", action="append", required=True, metavar="BACKEND/SCHEME/ACTIVATION")
+    ap.add_argument("--tokens", type=int, nargs="+", default=[1])
+    ap.add_argument("--skip", action="append", default=[], metavar="KERNEL", help="record, but do not compile")
+    args = ap.parse_args(argv)
+    seen, failed = set(), 0
+    for case in args.case:
+        backend_name, scheme, activation = case.split("/")
+        backend = load_backend(backend_name)
+        backend.device = "cpu"
+        for tokens in args.tokens:
+            shape = backend_shape(backend, Shape(num_experts=8, hidden_size=256, intermediate_size=128, tokens=tokens,
+                                                 top_k=2))
+            ckpt = case_checkpoint(scheme, activation, "e4m3fn", shape, 0, True)
+            x, w, ids = case_inputs(shape, 0)
+            for name, fn, a, kw in record_launches(backend, ckpt, x, w, ids):
+                key = (name, tuple(sorted((k, repr(v)) for k, v in kw.items())),
+                       tuple(str(v.dtype) if isinstance(v, torch.Tensor) else type(v).__name__ for v in a))
+                if name in args.skip or key in seen:
+                    continue
+                seen.add(key)
+                t0 = time.time()
+                try:
+                    compile_launch(fn, a, kw)
+                    print(f"compiled {name} for sm90 ({time.time() - t0:.1f} s; {case}, {tokens} tokens)", flush=True)
+                except Exception as exc:  # noqa: BLE001 - every failing kernel is reported; the exit status says so
+                    failed += 1
+                    cause = f" ({type(exc.__cause__).__name__}: {exc.__cause__})" if exc.__cause__ else ""
+                    print(f"FAILED {name} ({case}, {tokens} tokens): {type(exc).__name__}: {str(exc)[-600:]}{cause}",
+                          flush=True)
+    print(f"{len(seen)} launches compiled, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
