@@ -123,11 +123,12 @@ def test_the_routing_launch_quantizes_gemm1_s_nvfp4_input_bit_for_bit():
 def test_the_kernels_a_forward_launches_compile_for_sm90_without_a_gpu():
     """The interpreter runs a kernel's Python, not the compiler: harness.backends.compile_check records the launches
     of forwards (nothing runs) and compiles each for sm90 with the installed Triton's ptxas, so that a kernel that
-    cannot compile (a loop-carried variable changing type: moe_align_kernel's NVFP4 programs once did) fails here
+    cannot compile (a loop-carried variable changing type: moe_align_kernel's NVFP4 programs once did; returns of
+    two types in _weight_tile's bf16 path) fails here
     rather than on a GPU loan. One token and 2048 (the decode row with split-K and its epilogues, the prefill
     row with GEMM1's own NVFP4 epilogue); ~20 s on a CPU."""
     cases = ["triton_bitplace/w_nvfp4_a_nvfp4/SILU", "triton_emulation/w_mxfp4_a_mxfp4/SWIGLUOAI",
-             "triton_emulation/w_fp8_a_fp8_block/SILU"]
+             "triton_emulation/w_fp8_a_fp8_block/SILU", "triton_emulation/bf16/SILU"]
     cmd = [sys.executable, "-m", "harness.backends.compile_check", "--tokens", "1", "2048"]
     for case in cases:
         cmd += ["--case", case]

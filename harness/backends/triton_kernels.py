@@ -263,45 +263,49 @@ W_FP8: tl.constexpr = 3
 @_device
 def _weight_tile(w_ptr, ws_ptr, expert, wrow, k0, n_mask, N_ROWS, K,
                  W_KIND: tl.constexpr, PACKED: tl.constexpr, EBITS: tl.constexpr, MBITS: tl.constexpr,
-                 BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                 BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, RAW_BF16: tl.constexpr = False):
     """[BLOCK_N, BLOCK_K] weight values for rows `wrow` of `expert`, dequantized in registers: code
     value times its power-of-two (MX) or E4M3 (NVFP4) block scale, exact in bf16. FP8 block and tensor
-    scales are not applied here."""
+    scales are not applied here. RAW_BF16 (compiled): bf16 weights as loaded, so that the load feeds the MMA
+    (the pipeliner streams it into shared memory for wgmma) instead of passing through registers."""
     e64 = expert.to(tl.int64)
     k_offs = k0 + tl.arange(0, BLOCK_K)
     m2 = n_mask[:, None] & (k_offs < K)[None, :]
-    if W_KIND == 0:
+    if W_KIND == 0:  # one return for every kind (Triton types a function's returns together)
         offs = e64 * N_ROWS * K + wrow[:, None].to(tl.int64) * K + k_offs[None, :]
-        return bf16_to_f32(tl.load(w_ptr + offs, mask=m2, other=0.0))
-    if PACKED:
-        # each byte once: [BN, BK/2] bytes, both nibbles decoded, interleaved back (low nibble = even k)
-        kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-        offs = e64 * N_ROWS * (K // 2) + wrow[:, None].to(tl.int64) * (K // 2) + kb[None, :]
-        byte = tl.load(w_ptr + offs, mask=n_mask[:, None] & (kb < K // 2)[None, :], other=0).to(tl.int32)
-        lo = _decode(byte & 0xF, EBITS, MBITS, BIAS)
-        hi = _decode(byte >> 4, EBITS, MBITS, BIAS)
-        v = tl.reshape(tl.join(lo, hi), (BLOCK_N, BLOCK_K))
+        v = tl.load(w_ptr + offs, mask=m2, other=0.0)
+        if not RAW_BF16:
+            v = bf16_to_f32(v)
     else:
-        offs = e64 * N_ROWS * K + wrow[:, None].to(tl.int64) * K + k_offs[None, :]
-        code = tl.load(w_ptr + offs, mask=m2, other=0).to(tl.int32)
-        v = _decode(code, EBITS, MBITS, BIAS)
-    if W_KIND == 1:
-        # one E8M0 scale per 32 weights: 2^(s - 127) as two exact power-of-two factors, NaN for 0xFF
-        sk = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-        s_offs = e64 * N_ROWS * (K // 32) + wrow[:, None].to(tl.int64) * (K // 32) + sk[None, :]
-        s = tl.load(ws_ptr + s_offs, mask=n_mask[:, None] & (sk < K // 32)[None, :], other=127).to(tl.int32)
-        # 2^(s - 127) as one fp32 factor per block: exponent bits for s in 1..254, the subnormal 2^-127
-        # for s = 0, NaN for 0xFF; one exact multiply per weight
-        f = tl.where(s == 0, 0x00400000, s << 23).to(tl.float32, bitcast=True)
-        f = tl.where(s == 255, float("nan"), f)
-        v3 = tl.reshape(v, (BLOCK_N, BLOCK_K // 32, 32))
-        v = tl.reshape(v3 * f[:, :, None], (BLOCK_N, BLOCK_K))
-    if W_KIND == 2:
-        sk = k0 // 16 + tl.arange(0, BLOCK_K // 16)
-        s_offs = e64 * N_ROWS * (K // 16) + wrow[:, None].to(tl.int64) * (K // 16) + sk[None, :]
-        s = tl.load(ws_ptr + s_offs, mask=n_mask[:, None] & (sk < K // 16)[None, :], other=0)
-        f = _decode(s, 4, 3, 7)
-        v = tl.reshape(tl.reshape(v, (BLOCK_N, BLOCK_K // 16, 16)) * f[:, :, None], (BLOCK_N, BLOCK_K))
+        if PACKED:
+            # each byte once: [BN, BK/2] bytes, both nibbles decoded, interleaved back (low nibble = even k)
+            kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+            offs = e64 * N_ROWS * (K // 2) + wrow[:, None].to(tl.int64) * (K // 2) + kb[None, :]
+            byte = tl.load(w_ptr + offs, mask=n_mask[:, None] & (kb < K // 2)[None, :], other=0).to(tl.int32)
+            lo = _decode(byte & 0xF, EBITS, MBITS, BIAS)
+            hi = _decode(byte >> 4, EBITS, MBITS, BIAS)
+            v = tl.reshape(tl.join(lo, hi), (BLOCK_N, BLOCK_K))
+        else:
+            offs = e64 * N_ROWS * K + wrow[:, None].to(tl.int64) * K + k_offs[None, :]
+            code = tl.load(w_ptr + offs, mask=m2, other=0).to(tl.int32)
+            v = _decode(code, EBITS, MBITS, BIAS)
+        if W_KIND == 1:
+            # one E8M0 scale per 32 weights: 2^(s - 127) as two exact power-of-two factors, NaN for 0xFF
+            sk = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+            s_offs = e64 * N_ROWS * (K // 32) + wrow[:, None].to(tl.int64) * (K // 32) + sk[None, :]
+            s = tl.load(ws_ptr + s_offs, mask=n_mask[:, None] & (sk < K // 32)[None, :], other=127).to(tl.int32)
+            # 2^(s - 127) as one fp32 factor per block: exponent bits for s in 1..254, the subnormal 2^-127
+            # for s = 0, NaN for 0xFF; one exact multiply per weight
+            f = tl.where(s == 0, 0x00400000, s << 23).to(tl.float32, bitcast=True)
+            f = tl.where(s == 255, float("nan"), f)
+            v3 = tl.reshape(v, (BLOCK_N, BLOCK_K // 32, 32))
+            v = tl.reshape(v3 * f[:, :, None], (BLOCK_N, BLOCK_K))
+        if W_KIND == 2:
+            sk = k0 // 16 + tl.arange(0, BLOCK_K // 16)
+            s_offs = e64 * N_ROWS * (K // 16) + wrow[:, None].to(tl.int64) * (K // 16) + sk[None, :]
+            s = tl.load(ws_ptr + s_offs, mask=n_mask[:, None] & (sk < K // 16)[None, :], other=0)
+            f = _decode(s, 4, 3, 7)
+            v = tl.reshape(tl.reshape(v, (BLOCK_N, BLOCK_K // 16, 16)) * f[:, :, None], (BLOCK_N, BLOCK_K))
     return v
 
 
@@ -600,8 +604,9 @@ def _k_loop(a_ptr, a_scale_ptr, w_ptr, ws_ptr, w_block_scale_ptr, expert, a_row,
     for k0 in range(0, K, BLOCK_K):
         k_offs = k0 + tl.arange(0, BLOCK_K)
         k_mask = k_offs < K
-        a = bf16_to_f32(tl.load(a_ptr + a_row[:, None] * K + k_offs[None, :],
-                                mask=m_mask[:, None] & k_mask[None, :], other=0.0))
+        a = tl.load(a_ptr + a_row[:, None] * K + k_offs[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        if INTERPRET_DOT or DOT_SCALED:  # compiled, the bf16 load goes straight into the MMA (exact either way)
+            a = bf16_to_f32(a)
         if DOT_SCALED:
             pg = _dot_scaled_tile(a, w_ptr, ws_ptr, expert, g_row, k0, n_mask, N_ROWS, K, PACKED, BLOCK_K, DS_FMT)
             if GATED:
@@ -610,11 +615,11 @@ def _k_loop(a_ptr, a_scale_ptr, w_ptr, ws_ptr, w_block_scale_ptr, expert, a_row,
                 pu = pg
         else:
             wg = _weight_tile(w_ptr, ws_ptr, expert, g_row, k0, n_mask, N_ROWS, K, W_KIND, PACKED, EBITS,
-                              MBITS, BIAS, BLOCK_N, BLOCK_K)
+                              MBITS, BIAS, BLOCK_N, BLOCK_K, not INTERPRET_DOT)
             pg = _dot(a, wg, INTERPRET_DOT)
             if GATED:
                 wu = _weight_tile(w_ptr, ws_ptr, expert, u_row, k0, n_mask, N_ROWS, K, W_KIND, PACKED,
-                                  EBITS, MBITS, BIAS, BLOCK_N, BLOCK_K)
+                                  EBITS, MBITS, BIAS, BLOCK_N, BLOCK_K, not INTERPRET_DOT)
                 pu = _dot(a, wu, INTERPRET_DOT)
             else:
                 pu = pg
