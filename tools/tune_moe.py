@@ -26,8 +26,8 @@ from harness.bench import MODEL_SHAPES, capture, copy_bandwidth, device_checkpoi
 
 DECODE = [dict(block_m=16, block_n=n, block_k=k, num_warps=w, num_stages=s)
           for n, k, w, s in itertools.product((32, 64, 128), (128, 256), (4,), (2, 3, 4))]
-PREFILL = [dict(block_m=m, block_n=n, block_k=k, num_warps=w, num_stages=3)
-           for m, n, k, w in itertools.product((64, 128), (64, 128), (64,), (4, 8))]
+PREFILL = [dict(block_m=m, block_n=n, block_k=k, num_warps=w, num_stages=s)
+           for m, n, k, w, s in itertools.product((64, 128), (64, 128), (64,), (4, 8), (3, 4))]
 # triton_bitplace: one 128-value chunk per K step and one warpgroup (its tiles' layout is the wgmma operand's);
 # mma_steps 2 with maxnreg 96 compiles to 96 registers (5 programs per SM instead of 4, no spill in the loop);
 # split_k shares a tile's K chunks among programs (few tokens leave SMs idle: 180 programs at gpt-oss, 1 token);

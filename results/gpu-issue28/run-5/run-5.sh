@@ -7,7 +7,8 @@
 # through triton_bitplace's conformance, special values and FP4 bit tests on sm90 (the new test of the K loop's
 # decoded tile, every code under every scale, both layouts, among them), and the routing launch that also
 # quantizes GEMM1's NVFP4 W4A4 input (suites/test_triton_helpers.py, bit for bit nvfp4_quantize_kernel's; every
-# NVFP4 W4A4 conformance case), then memcheck and racecheck.
+# NVFP4 W4A4 conformance case), triton_emulation's conformance (its compiled K loop now feeds bf16 activations and
+# bf16 weights straight into the MMA), then memcheck and racecheck.
 # bench: every target of issue 28 from one `make bench` run: the targets filter of BENCHMARKS.md with
 # triton_kernels_ogs on gpt-oss-120b and kimi-k2-swigluoai (Kimi-K2's shape with the activation it fuses).
 export PYTHONUNBUFFERED=1
@@ -15,7 +16,7 @@ HOST=$(python3 -m harness platforms --host)
 if [ "${PART:-check}" = check ]; then
   timeout 200 python3 -m pytest -p no:cacheprovider -q -n 8 -m $HOST suites/test_conformance.py \
     suites/test_special_values.py suites/test_fp4_bits.py suites/test_triton_helpers.py \
-    -k "bitplace and not hypothesis or kernel_decodes or block_order or fills_the_gpu or next_step or nvfp4_a_nvfp4 and not hypothesis or test_triton_helpers" \
+    -k "(bitplace or triton_emulation or nvfp4_a_nvfp4) and not hypothesis or kernel_decodes or block_order or fills_the_gpu or next_step or test_triton_helpers" \
     > $OUT/conformance.log 2>&1
   echo "conformance (row pairs, split_k_to_fill, factor words): $(tail -1 $OUT/conformance.log)"
   grep -E "^(FAILED|ERROR)" $OUT/conformance.log | head -20
