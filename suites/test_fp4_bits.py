@@ -382,16 +382,19 @@ def test_the_decode_row_splits_k_until_gemm1_fills_the_gpu(monkeypatch):
     monkeypatch.setattr(triton_kernels, "INTERPRET", interpret)  # the host's own kernels from here
     from harness.core.conformance import Shape, backend_shape, case_checkpoint, case_inputs
 
-    backend.tiles = dict(row, num_stages=2)  # the row itself
-    shape = backend_shape(backend, Shape(num_experts=4, hidden_size=128, intermediate_size=96, tokens=1, top_k=3))
+    # the row's rule with the count the forward computes: min(experts, pairs) x intermediate tiles = 3 x 2 = 6
+    # programs, so 7 asks for 2 splits; counting all experts (8), the hidden size's tiles (12) or the pairs would
+    # not split at all
+    backend.tiles = dict(row, num_stages=2, split_k_programs=7)
+    shape = backend_shape(backend, Shape(num_experts=4, hidden_size=256, intermediate_size=96, tokens=1, top_k=3))
     x, w, ids = case_inputs(shape, 1)
     backend.forward(backend.prepare(case_checkpoint("w_mxfp4", "SWIGLUOAI", "e4m3fn", shape, 1, True)), x, w, ids)
-    assert [backend.last_launch[g][0][2] for g in ("w13", "w2")] == [4, 4]  # 3 experts x 2 tiles: split 4 ways
+    assert [backend.last_launch[g][0][2] for g in ("w13", "w2")] == [2, 2]
 
 
 def test_configure_starts_from_the_base_tiles_not_a_table_row_or_an_earlier_sweep_point(monkeypatch):
     """tools/tune_moe.py configures sweep point after sweep point and records only the keys it set: an optional
-    key it leaves out must take the kernel's default, not the one-token table row's split_k nor the previous
+    key it leaves out must take the kernel's default, not the decode table row's split_k_programs nor the previous
     point's mma_steps / maxnreg / split_k (which would run unrecorded)."""
     from harness.backends import triton_kernels
     from harness.backends.triton_bitplace import BITPLACE_TILES, TritonBitplaceBackend
@@ -404,5 +407,6 @@ def test_configure_starts_from_the_base_tiles_not_a_table_row_or_an_earlier_swee
         backend.configure(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4, split_k=4, mma_steps=2,
                           maxnreg=96, w2_block_n=128)
         tiles = backend.configure(block_m=64, block_n=64, block_k=128, num_warps=4, num_stages=3).tile_config(1, None)
-        assert not {"split_k", "mma_steps", "maxnreg", "w2_block_n"} & set(tiles), (backend.name, tiles)
+        assert not {"split_k", "split_k_programs", "mma_steps", "maxnreg", "w2_block_n"} & set(tiles), (backend.name,
+                                                                                                      tiles)
         assert tiles["num_stages"] == 3 and tiles["block_m"] == 64

@@ -5,6 +5,7 @@ canonical NaN is 0x7FFFFFFF, numpy's 0x7FC00000."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -127,7 +128,14 @@ def test_the_kernels_a_forward_launches_compile_for_sm90_without_a_gpu():
     two types in _weight_tile's bf16 path) fails here
     rather than on a GPU loan. One token and 2048 (the decode row with split-K and its epilogues, the prefill
     row with GEMM1's own NVFP4 epilogue); ~20 s on a CPU."""
-    cases = ["triton_bitplace/w_nvfp4_a_nvfp4/SILU", "triton_emulation/w_mxfp4_a_mxfp4/SWIGLUOAI",
+    from harness.backends.compile_check import LAUNCHED_KERNELS
+
+    # every kernel launch site of the backends is one compile_check records (an unlisted one would really launch)
+    sites = {m for f in (Path(__file__).resolve().parents[1] / "harness" / "backends").glob("*.py")
+             for m in re.findall(r"\b(?:K|triton_kernels)\.(\w+)\[", f.read_text())}
+    assert sites and sites <= set(LAUNCHED_KERNELS), sites - set(LAUNCHED_KERNELS)
+    cases = ["triton_bitplace/w_nvfp4_a_nvfp4/SILU", "triton_bitplace/w_mxfp4/SWIGLUOAI",
+             "triton_dot_scaled/w_mxfp4/SWIGLUOAI", "triton_emulation/w_mxfp4_a_mxfp4/SWIGLUOAI",
              "triton_emulation/w_fp8_a_fp8_block/SILU", "triton_emulation/bf16/SILU"]
     cmd = [sys.executable, "-m", "harness.backends.compile_check", "--tokens", "1", "2048"]
     for case in cases:

@@ -31,6 +31,7 @@ import triton  # noqa: E402
 from harness.backends import load_backend  # noqa: E402
 from harness.backends import triton_kernels as K  # noqa: E402
 from harness.backends.compile_check import compile_launch  # noqa: E402
+from harness.backends.triton_emulation import split_k_to_fill  # noqa: E402
 from harness.bench import MODEL_SHAPES, routed_inputs  # noqa: E402
 from harness.bench.diagnosis import INSTRUCTION_BUDGET as BUDGET, k_loop, sass, weight_bytes_per_iteration  # noqa: E402
 from harness.bench.report import write_results_json  # noqa: E402
@@ -83,6 +84,12 @@ def capture_gemm1(scheme: str, backend_name: str, model: str, tokens: int) -> tu
     tiles = backend.tile_config(x.shape[0] * ids.shape[1], None if ckpt.scheme.weight is None else ckpt.scheme.weight.kind)
     kwargs = dict(captured["kwargs"], BLOCK_M=tiles["block_m"], BLOCK_N=tiles["block_n"], BLOCK_K=tiles["block_k"],
                   INTERPRET_DOT=False, num_warps=tiles["num_warps"], num_stages=tiles["num_stages"])
+    kwargs.pop("SPLIT_K", None)  # the capture's 8 experts are not the model's: split as the model's grid would
+    if "split_k_programs" in tiles:
+        pairs = x.shape[0] * ids.shape[1]
+        split = split_k_to_fill(tiles, min(shape.num_experts, pairs) * -(-shape.intermediate_size // tiles["block_n"]))
+        if split["split_k"] > 1:
+            kwargs["SPLIT_K"] = split["split_k"]
     return captured["args"], kwargs
 
 

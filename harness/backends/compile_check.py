@@ -27,6 +27,9 @@ import time
 import torch
 
 SM90 = ("cuda", 90, 32)
+# the kernels the backends launch (suites/test_triton_helpers.py checks every `K.<name>[grid]` site is here)
+LAUNCHED_KERNELS = ("moe_gemm_kernel", "moe_align_kernel", "mx_quantize_kernel", "nvfp4_quantize_kernel",
+                    "fp8_quantize_kernel", "splitk_epilogue_kernel", "splitk_topk_reduce_kernel", "topk_reduce_kernel")
 _DTYPES = {torch.bfloat16: "bf16", torch.float32: "fp32", torch.uint8: "u8", torch.int32: "i32", torch.int64: "i64",
            torch.float16: "fp16", torch.int8: "i8", torch.int16: "i16"}
 _OPTIONS = ("num_warps", "num_stages", "maxnreg")
@@ -44,8 +47,8 @@ def record_launches(backend, ckpt, x, w, ids) -> _Recorded:
     if K.INTERPRET:
         raise RuntimeError("compile_check needs TRITON_INTERPRET=0 before harness.backends.triton_kernels is imported")
     launches = _Recorded()
-    kernels = {name: fn for name, fn in vars(K).items() if isinstance(fn, triton.runtime.jit.JITFunction)
-               and fn.fn.__name__ == name and "tl.program_id" in fn.src}
+    kernels = {name: getattr(K, name) for name in LAUNCHED_KERNELS}
+    assert all(isinstance(fn, triton.runtime.jit.JITFunction) for fn in kernels.values()), kernels
 
     class _Recorder:
         def __init__(self, name, fn):
@@ -66,7 +69,8 @@ def record_launches(backend, ckpt, x, w, ids) -> _Recorded:
 
 def compile_launch(fn, args: tuple, kwargs: dict, target=SM90):
     """One launch compiled for target: the signature from the arguments' types, constexprs from the launch, else
-    the kernel's defaults, 16-byte aligned pointers and integers divisible by 16 marked as a launch marks them."""
+    the kernel's defaults, 16-byte aligned pointers and integers divisible by 16 marked, and an integer equal to 1
+    made a constexpr, as a launch specialises them."""
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -80,7 +84,7 @@ def compile_launch(fn, args: tuple, kwargs: dict, target=SM90):
             value = param.default
         else:
             raise TypeError(f"{fn.fn.__name__}: no value for {param.name}")
-        if param.is_constexpr or value is None:
+        if param.is_constexpr or value is None or (type(value) is int and value == 1 and not param.do_not_specialize):
             signature[param.name], constexprs[param.name] = "constexpr", value
         elif isinstance(value, torch.Tensor):
             signature[param.name] = "*" + _DTYPES[value.dtype]
@@ -103,7 +107,7 @@ def compile_launch(fn, args: tuple, kwargs: dict, target=SM90):
 
 def main(argv=None) -> int:
     from harness.backends import load_backend
-    from harness.core.conformance import Shape, backend_shape, case_checkpoint, case_inputs
+    from reference.checkpoints import make_checkpoint
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--case", action="append", required=True, metavar="BACKEND/SCHEME/ACTIVATION")
@@ -115,11 +119,11 @@ def main(argv=None) -> int:
         backend_name, scheme, activation = case.split("/")
         backend = load_backend(backend_name)
         backend.device = "cpu"
+        ckpt = make_checkpoint(scheme, activation, 8, 256, 128, seed=0, with_bias=True)
         for tokens in args.tokens:
-            shape = backend_shape(backend, Shape(num_experts=8, hidden_size=256, intermediate_size=128, tokens=tokens,
-                                                 top_k=2))
-            ckpt = case_checkpoint(scheme, activation, "e4m3fn", shape, 0, True)
-            x, w, ids = case_inputs(shape, 0)
+            g = torch.Generator().manual_seed(tokens)
+            x = torch.randn(tokens, 256, generator=g).to(torch.bfloat16)
+            w, ids = torch.randn(tokens, 8, generator=g).softmax(-1).topk(2)
             for name, fn, a, kw in record_launches(backend, ckpt, x, w, ids):
                 key = (name, tuple(sorted((k, repr(v)) for k, v in kw.items())),
                        tuple(str(v.dtype) if isinstance(v, torch.Tensor) else type(v).__name__ for v in a))

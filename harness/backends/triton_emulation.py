@@ -124,8 +124,8 @@ class TritonEmulationBackend:
         if unknown:
             raise ValueError(f"unknown launch parameters {sorted(unknown)}; expected some of {TILE_KEYS}")
         # from the table's decode row less its optional keys, never from the previous configure(): a key left
-        # out takes the kernel's default, not what a table row or an earlier sweep point set (split_k 2 of the
-        # one-token row would otherwise run, unrecorded, in every sweep point that does not name split_k)
+        # out takes the kernel's default, not what a table row or an earlier sweep point set (the decode row's
+        # split_k_programs would otherwise split K, unrecorded, in every sweep point that does not name split_k)
         self.tiles = None
         base = {k: v for k, v in self.tile_config(1, None).items() if k in TILE_KEYS[:5]}
         self.tiles = {**base, **{k: int(v) for k, v in params.items()}}

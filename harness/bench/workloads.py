@@ -27,6 +27,7 @@ class ModelShape:
     activation: str
     schemes: tuple[str, ...]  # the quantization schemes benchmarked at this shape
     biased: bool = False  # the model's experts carry biases (gpt-oss)
+    tokens: tuple[int, ...] | None = None  # the token counts benchmarked (None: TOKENS)
 
 
 MODEL_SHAPES = {
@@ -41,7 +42,7 @@ MODEL_SHAPES = {
         # Kimi-K2's experts with gpt-oss's activation, the only one vLLM's triton_kernels path fuses (SWIGLUOAI):
         # the anchor's Kimi-K2-shaped row (issue 28: "faster than triton_kernels on gpt-oss-120b and Kimi-K2").
         # The same weight bytes as Kimi-K2's SILU; the activation is in GEMM1's epilogue.
-        ModelShape("kimi-k2-swigluoai", 384, 8, 7168, 2048, "SWIGLUOAI", ("w_mxfp4",)),
+        ModelShape("kimi-k2-swigluoai", 384, 8, 7168, 2048, "SWIGLUOAI", ("w_mxfp4",), tokens=(1, 8, 64)),
     )
 }
 TOKENS = (1, 8, 64, 512, 8192)

@@ -78,6 +78,7 @@ def test_the_anchor_is_compared_on_kimi_k2_s_shape_with_the_activation_it_runs()
     assert (twin.num_experts, twin.top_k, twin.hidden_size, twin.intermediate_size, twin.biased) == (
         kimi.num_experts, kimi.top_k, kimi.hidden_size, kimi.intermediate_size, kimi.biased)
     assert twin.activation == MODEL_SHAPES["gpt-oss-120b"].activation == "SWIGLUOAI" and "w_mxfp4" in twin.schemes
+    assert twin.tokens == (1, 8, 64)  # the anchor target's decode points only
     rows = [_row(m, "w_mxfp4", t, "triton_bitplace", 100.0) for m in ("kimi-k2", "kimi-k2-swigluoai") for t in (1, 8)]
     rows += [dict(_row("kimi-k2-swigluoai", "w_mxfp4", t, "triton_kernels_ogs", 150.0), gemm_kernels_us=120.0)
              for t in (1, 8)]

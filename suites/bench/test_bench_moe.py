@@ -38,7 +38,8 @@ def _backend(name: str):
 def _cases():
     host = detect_platform()
     if GPU:
-        plan = [(shape, scheme, tokens) for shape in MODEL_SHAPES.values() for scheme in shape.schemes for tokens in TOKENS]
+        plan = [(shape, scheme, tokens) for shape in MODEL_SHAPES.values() for scheme in shape.schemes
+                for tokens in shape.tokens or TOKENS]
     else:
         plan = [(CPU_SHAPE, scheme, tokens) for scheme in ("w_mxfp4", "w_nvfp4", "bf16") for tokens in (1, 8)]
     for shape, scheme, tokens in plan:
