@@ -22,7 +22,8 @@ import torch  # noqa: E402
 
 from harness.backends import load_backend  # noqa: E402
 from harness.bench.report import finish_tool  # noqa: E402
-from harness.bench import MODEL_SHAPES, capture, copy_bandwidth, device_checkpoint, median_ms, routed_inputs, weight_bytes  # noqa: E402
+from harness.bench import (MODEL_SHAPES, capture, copy_bandwidth, dense_bf16_tflops, device_checkpoint, median_ms,  # noqa: E402
+                           moe_flops, routed_inputs, weight_bytes)
 
 DECODE = [dict(block_m=16, block_n=n, block_k=k, num_warps=w, num_stages=s)
           for n, k, w, s in itertools.product((32, 64, 128), (128, 256), (4,), (2, 3, 4))]
@@ -41,6 +42,12 @@ BITPLACE_PREFILL = [dict(block_m=m, block_n=64, block_k=128, num_warps=4, num_st
                     for m, s in itertools.product((64, 128), (2, 3))]
 CASES = [("gpt-oss-120b", "w_mxfp4", "triton_dot_scaled"), ("gpt-oss-120b", "w_mxfp4", "triton_emulation"),
          ("gpt-oss-120b", "w_nvfp4", "triton_emulation"), ("gpt-oss-120b", "bf16", "triton_emulation")]
+
+
+def _pct_dense(row: dict, shape, tokens: int) -> float:
+    """The row's MoE FLOPs per second as a percentage of this GPU's dense bf16 matmul rate (stored in the row)."""
+    row["pct_dense"] = 100 * moe_flops(shape, tokens) / (row["us"] / 1e6) / (dense_bf16_tflops() * 1e12)
+    return row["pct_dense"]
 
 
 def main() -> int:
@@ -82,12 +89,15 @@ def main() -> int:
                     continue
                 row = dict(model=model, scheme=scheme, backend=name, tokens=tokens, **cfg, us=ms * 1e3,
                            pct_copy=100 * nbytes / (ms / 1e3) / bw)
+                # prefill's target metric: the MoE's FLOPs against a dense bf16 matmul on this GPU (BENCHMARKS.md)
+                dense = f", {_pct_dense(row, shape, tokens):.1f}% of dense bf16" if tokens >= 512 else ""
                 results.append(row)
-                print(f"  T={tokens} {cfg}: {row['us']:.1f} us, {row['pct_copy']:.1f}% of copy", flush=True)
+                print(f"  T={tokens} {cfg}: {row['us']:.1f} us, {row['pct_copy']:.1f}% of copy{dense}", flush=True)
                 if best is None or ms * 1e3 < best["us"]:
                     best = row
-            print(f"{model} {scheme} {name} T={tokens}: best {best['us']:.1f} us ({best['pct_copy']:.1f}% of copy) "
-                  f"with {({k: best[k] for k in cfg})}", flush=True)
+            dense = f", {best['pct_dense']:.1f}% of dense bf16" if "pct_dense" in best else ""
+            print(f"{model} {scheme} {name} T={tokens}: best {best['us']:.1f} us ({best['pct_copy']:.1f}% of copy"
+                  f"{dense}) with {({k: best[k] for k in cfg})}", flush=True)
         del prep, ckpt
         torch.cuda.empty_cache()
     return finish_tool("tune.json", bw, results)
