@@ -30,8 +30,13 @@ third-party: $(SETUP)
 	-$(PY) -c 'import sys, harness.third_party as t; sys.exit(t.main())'
 
 # The HTML report is checked in a real browser: Debian's chromium, installed here when missing.
+# A test that runs past TEST_TIMEOUT_S (the slowest takes ~20 s here) is stopped by pytest-timeout's thread method:
+# every thread's stack is dumped and its worker replaced, so a hang (in C code too: a collective, a subprocess) is a
+# named failure, not a CI run that stalls until it is killed. Not signal: harness.core.guard owns SIGALRM.
+TEST_TIMEOUT_S ?= 300
 test: $(SETUP) browser third-party
-	MOE_CONFORMANCE_REQUIRE_BROWSER=1 $(PYTEST) --hypothesis-profile=ci -q -n auto --dist worksteal --durations=20
+	MOE_CONFORMANCE_REQUIRE_BROWSER=1 $(PYTEST) --hypothesis-profile=ci -q -n auto --dist worksteal --durations=20 \
+		--timeout=$(TEST_TIMEOUT_S) --timeout-method=thread
 
 # This machine's platform (cpu, sm90, ...) decides the cases: `pytest -m <platform>`. The report
 # (summary.md, index.html, results.json, histograms/, junit.xml) lands in report/ even when cases fail.
