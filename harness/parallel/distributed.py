@@ -67,6 +67,10 @@ def _rank_main(rank: int, world: str, size: int, port: int, cases: list[dict], o
 
     if world == "nccl":
         torch.cuda.set_device(rank)
+    elif "lo" in {name for _, name in socket.if_nameindex()}:
+        # every gloo rank is on this host: loopback, not the interface the hostname resolves to (a lookup that a
+        # machine with no network may wait out, or answer with an address the ranks cannot reach)
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     # a stuck collective fails after this, inside the GPU machine's per-call limit
     dist.init_process_group(world, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size,
                             timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
