@@ -410,3 +410,46 @@ def test_configure_starts_from_the_base_tiles_not_a_table_row_or_an_earlier_swee
         assert not {"split_k", "split_k_programs", "mma_steps", "maxnreg", "w2_block_n"} & set(tiles), (backend.name,
                                                                                                       tiles)
         assert tiles["num_stages"] == 3 and tiles["block_m"] == 64
+
+
+def test_the_gluon_decode_reads_the_tma_boxes_of_every_tile_in_the_stored_order():
+    """harness/backends/gluon_kernels.py (compiled only: Gluon has no interpreter) in torch, step for step on its
+    logical values (a Gluon layout moves no value): the TMA boxes the producer loads ([32 row pairs, 32 words] of
+    the codes at (expert * N_ROWS / 2 + first row / 2, 32 chunk), [1, 256] bytes of scales_by_chunk at
+    (expert * chunks + chunk, 4 first row)), then _decode_tile's reshapes, bit placement, factor, joins and
+    permute, give the reference weights of the tile's 64 rows and 128 columns: every gate and up tile of two
+    experts, every chunk, MX scales 0..128 (the fold's range)."""
+    from harness.backends.gluon_kernels import DECODE_ORDER, scales_by_chunk
+    from harness.backends.triton_bitplace import bitplace_scales, mma_order_codes, pair_rows
+
+    experts, n_rows, k = 2, 128, 128 * 9  # gate rows 0..63, up rows 64..127 (N_OUT 64)
+    g = torch.Generator().manual_seed(11)
+    codes = torch.randint(0, 16, (experts, n_rows, k), generator=g, dtype=torch.uint8)
+    scales = (torch.arange(experts * n_rows * k // 32) % (E8M0_FOLDABLE_MAX + 1)).to(torch.uint8)
+    scales = scales[torch.randperm(scales.numel(), generator=g)].reshape(experts, n_rows, k // 32)
+    want = torch.stack([dequantize_mx(codes[e], scales[e], E2M1) for e in range(experts)])
+    chunks = k // 128
+    w = pair_rows(mma_order_codes(pack_fp4(codes)), 64)
+    ws = pair_rows(bitplace_scales(scales, True, 4), 4)
+    code_words = w.view(experts * n_rows // 2, chunks * 128).view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    by_chunk = scales_by_chunk(ws, n_rows, chunks)
+    half = lambda p: ((p & 0xFFFF) << 16).to(torch.int32).view(torch.float32).double()  # noqa: E731
+    for e in range(experts):
+        for first in (0, 64):  # the gate tile, the up tile (g_col, u_col = g_col + N_OUT)
+            for c in range(chunks):
+                box = code_words[e * n_rows // 2 + first // 2:][:32, c * 32:(c + 1) * 32]
+                sbox = by_chunk[e * chunks + c, first * 4:first * 4 + 256].view(64, 4)
+                word = box.reshape(32, 2, 16).reshape(64, 16).reshape(64, 4, 4)
+                f2 = (sbox.to(torch.int64) * 0x00800080)[:, None, :].expand(64, 4, 4)
+                w5, f5 = word.reshape(4, 2, 8, 4, 4), f2.reshape(4, 2, 8, 4, 4)
+                lo, hi = [], []
+                for p in _place_pairs(w5):  # the bf16 halves of each placed pair times the block factor (exact)
+                    lo.append(half(p) * half(f5))
+                    hi.append(half(p >> 16) * half(f5))
+                # join(join(join(lo0, lo2), join(lo1, lo3)), join(join(hi0, hi2), join(hi1, hi3))): new dims last
+                joined = torch.stack([torch.stack([torch.stack([v[0], v[2]], -1), torch.stack([v[1], v[3]], -1)], -1)
+                                      for v in (lo, hi)], -1)
+                tile = joined.permute(*DECODE_ORDER.value).reshape(64, 128)
+                expect = want[e, first:first + 64, c * 128:(c + 1) * 128]
+                bad = tile != expect
+                assert not bad.any(), (e, first, c, int(bad.sum()), tuple(bad.nonzero()[0].tolist()))

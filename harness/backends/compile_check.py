@@ -29,7 +29,8 @@ import torch
 SM90 = ("cuda", 90, 32)
 # the kernels the backends launch (suites/test_triton_helpers.py checks every `K.<name>[grid]` site is here)
 LAUNCHED_KERNELS = ("moe_gemm_kernel", "moe_align_kernel", "mx_quantize_kernel", "nvfp4_quantize_kernel",
-                    "fp8_quantize_kernel", "splitk_epilogue_kernel", "splitk_topk_reduce_kernel", "topk_reduce_kernel")
+                    "fp8_quantize_kernel", "splitk_epilogue_kernel", "splitk_topk_reduce_kernel", "topk_reduce_kernel",
+                    "bitplace_partials_kernel")
 _DTYPES = {torch.bfloat16: "bf16", torch.float32: "fp32", torch.uint8: "u8", torch.int32: "i32", torch.int64: "i64",
            torch.float16: "fp16", torch.int8: "i8", torch.int16: "i16"}
 _OPTIONS = ("num_warps", "num_stages", "maxnreg")
@@ -73,6 +74,8 @@ def compile_launch(fn, args: tuple, kwargs: dict, target=SM90):
     made a constexpr, as a launch specialises them."""
     import triton
     from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     values = dict(zip(fn.arg_names, args))
     values.update({k: v for k, v in kwargs.items() if k not in _OPTIONS})
@@ -86,6 +89,8 @@ def compile_launch(fn, args: tuple, kwargs: dict, target=SM90):
             raise TypeError(f"{fn.fn.__name__}: no value for {param.name}")
         if param.is_constexpr or value is None or (type(value) is int and value == 1 and not param.do_not_specialize):
             signature[param.name], constexprs[param.name] = "constexpr", value
+        elif isinstance(value, TensorDescriptor):  # a Gluon kernel's TMA descriptor: its box and shared layout
+            signature[param.name] = f"tensordesc<{_DTYPES[value.base.dtype]}{list(value.block_shape)},{value.layout!r}>"
         elif isinstance(value, torch.Tensor):
             signature[param.name] = "*" + _DTYPES[value.dtype]
             if value.data_ptr() % 16 == 0:
@@ -100,7 +105,8 @@ def compile_launch(fn, args: tuple, kwargs: dict, target=SM90):
             signature[param.name] = "fp32"
         else:
             raise TypeError(f"{fn.fn.__name__}: argument {param.name} of type {type(value).__name__}")
-    src = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=aligned)
+    source = GluonASTSource if fn.is_gluon() else triton.compiler.ASTSource
+    src = source(fn=fn, signature=signature, constexprs=constexprs, attrs=aligned)
     options = {k: kwargs[k] for k in _OPTIONS if kwargs.get(k)}
     return triton.compile(src, target=GPUTarget(*target), options=options)
 

@@ -52,6 +52,10 @@ class TritonBitplaceBackend(TritonEmulationBackend):
     # faster at 8 and 64 tokens and 5-16% at one token, at the same tiles, on both models;
     # MOE_CONFORMANCE_BITPLACE_ROW_PAIRS=0 stores rows one by one (the layout before, for A/B runs).
     row_pairs = os.environ.get("MOE_CONFORMANCE_BITPLACE_ROW_PAIRS", "1") == "1"
+    # MOE_CONFORMANCE_BITPLACE_GLUON=1: MXFP4 x bf16 GEMMs at decode (16-pair blocks) by the warp-specialised Gluon
+    # kernel (harness/backends/gluon_kernels.py: TMA producer warp, decoding warpgroup), compiled, rows in pairs.
+    # Off until an H200 run checks it against the conformance suites and times it (results/gpu-issue28/run-7).
+    gluon = os.environ.get("MOE_CONFORMANCE_BITPLACE_GLUON", "0") == "1"
 
     def supports(self, problem, platform) -> tuple[bool, str]:
         w, act = problem.scheme.weight, problem.scheme.act
@@ -108,7 +112,31 @@ class TritonBitplaceBackend(TritonEmulationBackend):
             # power of two on the per-expert global scale, applied to the fp32 accumulator (the same roundings)
             laid.update(w13_expert_scale=prep.w13_expert_scale * _NVFP4_FOLD, w2_expert_scale=prep.w2_expert_scale
                         * _NVFP4_FOLD)
-        return dataclasses.replace(prep, constexprs=dict(BITPLACE=True, ROW_PAIRS=self.row_pairs), **laid)
+        extras = {}
+        if self.gluon and mx and self.row_pairs and not triton_kernels.INTERPRET:
+            from .gluon_kernels import scales_by_chunk
+
+            extras = {f"{k}_by_chunk": scales_by_chunk(laid[k], laid[k].shape[1], laid[k].shape[2] // 4)
+                      for k in ("w13_scale", "w2_scale")}
+        return dataclasses.replace(prep, constexprs=dict(BITPLACE=True, ROW_PAIRS=self.row_pairs), extras=extras,
+                                   **laid)
+
+    def _partials_kernel(self, prep, which, a_mode, tiles, quantize_nvfp4, n_out, n_rows, k_dim):
+        scales = prep.extras.get(f"{which}_scale_by_chunk")
+        # the Gluon kernel's contract: bf16 activations (no scale), 16-pair blocks, TMA strides of whole 16 bytes
+        # (scale rows of n_rows x 4 bytes), 16-byte activation rows for cp.async, gate and up rows in whole pairs
+        if (scales is None or a_mode or quantize_nvfp4 is not None or tiles["block_m"] != 16 or n_rows % 4
+                or k_dim % 16 or n_out % 2):
+            return None
+        from .gluon_kernels import launch_bitplace_partials
+
+        codes = getattr(prep, which)
+
+        def run(a, partials, sorted_rows, block_expert, n_pairs, a_row_div, n_out, n_rows, k_dim, gated, split_k):
+            return launch_bitplace_partials(triton_kernels.bitplace_partials_kernel, codes, scales, a, partials,
+                                            sorted_rows, block_expert, n_pairs, a_row_div, n_out, n_rows, k_dim,
+                                            gated, split_k)
+        return run
 
 
 # The stored order of one 128-value chunk of a row: code n = 4 i0 + 2 i2 + i1 of word 4t + q holds column 32q +

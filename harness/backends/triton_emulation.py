@@ -71,6 +71,7 @@ class Prepared:
     a1_scale: torch.Tensor | None
     a2_scale: torch.Tensor | None
     constexprs: dict = field(default_factory=dict)  # a subclass's kernel switches for this checkpoint
+    extras: dict = field(default_factory=dict)  # a subclass's own tensors for its own launches
 
 
 # The routing glue in one Triton program up to this many pairs (moe_align_kernel, an O(P^2) rank count in
@@ -361,6 +362,12 @@ class TritonEmulationBackend:
                                         CHUNK=16, num_warps=4, **quant)
         return sorted_rows, block_expert
 
+    def _partials_kernel(self, prep, which, a_mode, tiles, quantize_nvfp4, n_out, n_rows, k_dim):
+        """A subclass's kernel for this GEMM's fp32 partial sums ([split_k, pairs, 2, n_out], finished by the
+        split-K epilogues), as a callable (a, partials, sorted_rows, block_expert, n_pairs, a_row_div, n_out,
+        n_rows, k_dim, gated, split_k); None: moe_gemm_kernel."""
+        return None
+
     @staticmethod
     def _align_torch(topk_ids, num_experts, bm: int):
         """_align in torch ops (any number of pairs; the oracle of moe_align_kernel in suites/test_triton_helpers.py)."""
@@ -408,7 +415,8 @@ class TritonEmulationBackend:
         quantize = quantize_nvfp4 is not None and apply_act
         q_scale = quantize_nvfp4.reshape(1) if quantize else out
         target = out
-        if split_k > 1:
+        partials = self._partials_kernel(prep, which, a_mode, tiles, quantize_nvfp4, n_out, n_rows, k_dim)
+        if split_k > 1 or partials:
             launch_options["SPLIT_K"] = split_k
             target = torch.empty(split_k, n_pairs, 2, n_out, dtype=torch.float32, device=out.device)
         grid = (block_expert.numel(), triton_cdiv(n_out, block_n), split_k)
@@ -417,20 +425,24 @@ class TritonEmulationBackend:
                       APPLY_ACT=apply_act, HAS_LIMIT=act.limit is not None)
         scalars = (float(act.alpha), float(act.beta), float(act.beta_lin), float(act.limit or 0.0))
         self.last_launch[which] = (grid, tiles)
-        self.last_compiled[which] = K.moe_gemm_kernel[grid](
-            a, a_scale if a_mode else dummy, w, ws if ws is not None else dummy,
-            block_scale if block_scale is not None else dummy, expert_scale if expert_scale is not None else dummy,
-            bias if bias is not None else dummy, target, sorted_rows, block_expert, n_pairs, a_row_div, n_out, n_rows,
-            k_dim, *scalars, q_scale, QUANT_NVFP4=quantize and split_k == 1,
-            W_KIND=_W_KIND[None if wq is None else wq.kind],
-            PACKED=bool(elem is not None and elem.nbits == 4), EBITS=elem.ebits if elem else 0,
-            MBITS=elem.mbits if elem else 0, BIAS=elem.bias if elem else 0, W_BLOCK_SCALE=block_scale is not None,
-            BLOCK_M=tiles["block_m"], BLOCK_N=block_n, BLOCK_K=tiles["block_k"], INTERPRET_DOT=K.INTERPRET,
-            DOT_SCALED=self.use_dot_scaled, DS_FMT=self.dot_scaled_format(elem) if self.use_dot_scaled else "e2m1",
-            num_warps=tiles["num_warps"], num_stages=tiles["num_stages"], **common, **launch_options,
-            **prep.constexprs,
-        )
-        if split_k == 1:
+        if partials:  # a subclass's own kernel writes the fp32 partial sums; the epilogue below is the same
+            self.last_compiled[which] = partials(a, target, sorted_rows, block_expert, n_pairs, a_row_div, n_out,
+                                                 n_rows, k_dim, bool(apply_act and act.gated), split_k)
+        else:
+            self.last_compiled[which] = K.moe_gemm_kernel[grid](
+                a, a_scale if a_mode else dummy, w, ws if ws is not None else dummy,
+                block_scale if block_scale is not None else dummy, expert_scale if expert_scale is not None else dummy,
+                bias if bias is not None else dummy, target, sorted_rows, block_expert, n_pairs, a_row_div, n_out, n_rows,
+                k_dim, *scalars, q_scale, QUANT_NVFP4=quantize and split_k == 1,
+                W_KIND=_W_KIND[None if wq is None else wq.kind],
+                PACKED=bool(elem is not None and elem.nbits == 4), EBITS=elem.ebits if elem else 0,
+                MBITS=elem.mbits if elem else 0, BIAS=elem.bias if elem else 0, W_BLOCK_SCALE=block_scale is not None,
+                BLOCK_M=tiles["block_m"], BLOCK_N=block_n, BLOCK_K=tiles["block_k"], INTERPRET_DOT=K.INTERPRET,
+                DOT_SCALED=self.use_dot_scaled, DS_FMT=self.dot_scaled_format(elem) if self.use_dot_scaled else "e2m1",
+                num_warps=tiles["num_warps"], num_stages=tiles["num_stages"], **common, **launch_options,
+                **prep.constexprs,
+            )
+        if split_k == 1 and not partials:
             return quantize
         operands = (a_scale if a_mode else dummy, expert_scale if expert_scale is not None else dummy,
                     bias if bias is not None else dummy)

@@ -894,3 +894,8 @@ def topk_reduce_kernel(z_ptr, w_ptr, out_ptr, H, TOP_K: tl.constexpr, BLOCK_H: t
         zj = bf16_to_f32(tl.load(z_ptr + (t * TOP_K + j) * H + h, mask=mask, other=0.0))
         acc += wj * zj
     tl.store(out_ptr + t * H + h, f32_to_bf16(round_bf16(acc)), mask=mask)
+
+
+# The warp-specialised Gluon decode GEMM (issue 28; harness/backends/gluon_kernels.py), an attribute here so that
+# its launch is K.bitplace_partials_kernel[grid] like every other (compile_check records them by that name).
+from .gluon_kernels import bitplace_partials_kernel  # noqa: E402

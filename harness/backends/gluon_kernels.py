@@ -1,0 +1,217 @@
+"""A warp-specialised FP4 decode GEMM in Gluon (Triton's explicit-layout dialect) for Hopper (issue 28).
+
+bitplace_partials_kernel computes triton_bitplace's MXFP4 x bf16 products of one expert block (16 pairs) and 64
+output rows (gate and up when gated) over a share of the K chunks, as fp32 partial sums [SPLIT_K, pairs, 2, N_OUT]
+that triton_kernels.splitk_epilogue_kernel / splitk_topk_reduce_kernel finish (bias, activation, top-k sum: the
+same epilogues and roundings as the split-K path of moe_gemm_kernel). What differs from moe_gemm_kernel's loop:
+- a one-warp producer partition streams each K step's codes (rows stored in pairs, triton_bitplace.pair_rows: one
+  [32 row pairs, 32 words] TMA box a tile) and block scales (a transposed copy, one [1, 256]-byte box a tile)
+  with TMA, and the block's activation rows with cp.async, into a STAGES-deep ring of shared memory, signalling
+  an mbarrier per slot; the load addresses and copies leave the consumer warps entirely;
+- the consumer warpgroup reads a slot with one 16-byte shared load per row and thread, in exactly the words the
+  wgmma register operand needs (CODE_PAIRS), places the bits and multiplies each pair by its block factor with
+  triton_kernels' own _place_pairs and _scaled_halves_bf16; the layout conversion to the operand is asserted
+  trivial (a register relabel, checked by the compiler), and the 8 wgmma of a tile issue back to back under one
+  arrive/wait (moe_gemm_kernel's compiled loop waits after every wgmma).
+Compiled for sm90 with Triton 3.6 on the CPU: 342 SASS per K step in the consumer loop for the gated 2 x 64-row
+tile (moe_gemm_kernel: 439), no spills at 80 registers a thread (results/cpu-issue28/README.md). Not yet run on a
+GPU: triton_bitplace launches it only with MOE_CONFORMANCE_BITPLACE_GLUON=1 (off by default until an H200 run
+checks it against the conformance suites and times it).
+"""
+
+from __future__ import annotations
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_wait)
+
+from . import triton_kernels as K  # its tl.jit bit placement, called from Gluon (resolved when compiled)
+
+# the loads by their Triton 3.6 names (the H200's) or the later ones (this venv's 3.9 removed the old names)
+_cp_async = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+
+# Codes of a 64-row tile from shared memory, [32 row pairs, 32 words] (pair m holds rows 2m, 2m + 1: words 0-15,
+# 16-31): thread (warp w, lane 4g + t) gets rows 16w + g and 16w + g + 8 (pair 8w + 4h + g // 2, half g % 2),
+# words 4t..4t+3 of each: the wgmma register operand's rows and its 32 codes of each (mma_order_codes).
+CODE_PAIRS = gl.DistributedLinearLayout(
+    reg_bases=[[0, 1], [0, 2], [4, 0]], lane_bases=[[0, 4], [0, 8], [0, 16], [1, 0], [2, 0]],
+    warp_bases=[[8, 0], [16, 0]], block_bases=[], shape=[32, 32])
+# the same words as [64 rows, 4 thread-groups t, 4 words q]
+CODE_ROWS = gl.DistributedLinearLayout(
+    reg_bases=[[0, 0, 1], [0, 0, 2], [8, 0, 0]], lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+    warp_bases=[[16, 0, 0], [32, 0, 0]], block_bases=[], shape=[64, 4, 4])
+ACC = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 16, 16])
+DOT_A = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
+CODE_SMEM = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
+SCALE_SMEM = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)
+SCALE_ROWS = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])  # the [1, 256] box seen as [64 rows, 4 bytes]
+X_SMEM = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+X_LOAD = gl.BlockedLayout([1, 8], [2, 16], [1, 1], [1, 0])  # the producer warp: [16 rows, 128] bf16, 16 B a lane
+# _decode_tile's joined dims (warp, h, g, t, q, i2, i1, i0) to (warp, h, g, q, i2, i1, t, i0): row 16 warp + 8h + g,
+# column 32q + 16 i2 + 8 i1 + 2t + i0 (suites/test_fp4_bits.py replays the steps in torch with this order)
+DECODE_ORDER = gl.constexpr((0, 1, 2, 4, 5, 6, 3, 7))
+BLOCK_M = 16  # pairs of one expert block (the decode tile; moe_align's blocks)
+CODE_BOX = [32, 32]  # int32: 32 row pairs x one 128-value chunk (16 words a row)
+SCALE_BOX = [1, 256]  # uint8: one chunk's 4 block-scale bytes of 64 rows
+
+
+# the [64, 4] view of a scale box: Triton 3.6 names the method _reinterpret, later releases reinterpret
+if hasattr(gl.shared_memory_descriptor, "reinterpret"):
+    @gluon.jit
+    def _scale_bytes(slot, LAYOUT: gl.constexpr, SVIEW: gl.constexpr):
+        return slot.reinterpret(gl.uint8, [64, 4], SVIEW).load(LAYOUT)
+else:
+    @gluon.jit
+    def _scale_bytes(slot, LAYOUT: gl.constexpr, SVIEW: gl.constexpr):
+        return slot._reinterpret(gl.uint8, [64, 4], SVIEW).load(LAYOUT)
+
+
+@gluon.jit
+def _decode_tile(codes, sbytes, DOT: gl.constexpr, ROWS3: gl.constexpr):
+    """codes [32 pairs, 32 words] int32 (CODE_PAIRS), sbytes [64 rows, 4 blocks] uint8 (the MX exponent field of
+    2^(s - 1), triton_bitplace.bitplace_scales) -> the [64, 128] bf16 weights (value x 2^s) in the wgmma register
+    operand's layout. Code n = 4 i0 + 2 i2 + i1 of word 4t + q is column 32q + 16 i2 + 8 i1 + 2t + i0
+    (triton_bitplace's stored order)."""
+    word = gl.reshape(gl.reshape(codes, [32, 2, 16]), [64, 16]).to(gl.uint32, bitcast=True)
+    word = gl.convert_layout(gl.reshape(word, [64, 4, 4]), ROWS3, assert_trivial=True)
+    f2 = gl.broadcast(gl.expand_dims(sbytes.to(gl.int32) * 0x00800080, 1), word)[0]  # 2^(s - 1) in both halves
+    w5 = gl.reshape(word, [4, 2, 8, 4, 4])  # (warp, h, g, t, q): row 16 warp + 8h + g, word 4t + q
+    f5 = gl.reshape(f2, [4, 2, 8, 4, 4])
+    p0, p1, p2, p3 = K._place_pairs(w5)
+    lo0, hi0 = K._scaled_halves_bf16(p0, f5)
+    lo1, hi1 = K._scaled_halves_bf16(p1, f5)
+    lo2, hi2 = K._scaled_halves_bf16(p2, f5)
+    lo3, hi3 = K._scaled_halves_bf16(p3, f5)
+    w = gl.join(gl.join(gl.join(lo0, lo2), gl.join(lo1, lo3)), gl.join(gl.join(hi0, hi2), gl.join(hi1, hi3)))
+    # a tuple of its items: Triton 3.6's permute takes no constexpr tuple
+    w = gl.permute(w, (DECODE_ORDER[0], DECODE_ORDER[1], DECODE_ORDER[2], DECODE_ORDER[3], DECODE_ORDER[4],
+                       DECODE_ORDER[5], DECODE_ORDER[6], DECODE_ORDER[7]))
+    w = gl.reshape(w, [64, 128])  # row-major [64 rows, 128 columns]
+    return gl.convert_layout(w, DOT, assert_trivial=True)
+
+
+@gluon.jit
+def _producer(codes_desc, scales_desc, a_ptr, sorted_rows_ptr, n_pairs, a_row_div, K, code_s, scale_s, x_s, ready,
+              empty, pid_m, code_row, scale_row, g_col, u_col, c_lo, c_hi, GATED: gl.constexpr, STAGES: gl.constexpr,
+              BM: gl.constexpr, XL: gl.constexpr):
+    pair = gl.load(sorted_rows_ptr + pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, XL)))
+    cols = gl.arange(0, 128, layout=gl.SliceLayout(0, XL))
+    x_ptrs = a_ptr + (pair // a_row_div).to(gl.int64)[:, None] * K + cols[None, :]
+    row_ok = (pair < n_pairs)[:, None]  # padding rows of the block: zeros (their outputs are not stored)
+    NB: gl.constexpr = 2 if GATED else 1
+    for i in range(c_hi - c_lo):
+        s = i % STAGES
+        mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)  # the first pass finds every slot free
+        c = c_lo + i
+        # cp.async first: its arrive raises the barrier's count until the copies land, before expect's arrive
+        _cp_async(x_s.index(s), x_ptrs + c * 128, mask=row_ok & (c * 128 + cols < K)[None, :])
+        async_copy.mbarrier_arrive(ready.index(s))
+        mbarrier.expect(ready.index(s), NB * (codes_desc.block_type.nbytes + scales_desc.block_type.nbytes))
+        _tma_load(codes_desc, [code_row + g_col // 2, c * 32], ready.index(s), code_s.index(NB * s))
+        _tma_load(scales_desc, [scale_row + c, g_col * 4], ready.index(s), scale_s.index(NB * s))
+        if GATED:
+            _tma_load(codes_desc, [code_row + u_col // 2, c * 32], ready.index(s), code_s.index(NB * s + 1))
+            _tma_load(scales_desc, [scale_row + c, u_col * 4], ready.index(s), scale_s.index(NB * s + 1))
+
+
+@gluon.jit
+def _consumer(code_s, scale_s, x_s, ready, empty, c_lo, c_hi, GATED: gl.constexpr, STAGES: gl.constexpr,
+              BM: gl.constexpr, ACC_L: gl.constexpr, DOT: gl.constexpr, PAIRS: gl.constexpr, ROWS3: gl.constexpr,
+              SVIEW: gl.constexpr):
+    NB: gl.constexpr = 2 if GATED else 1
+    SL: gl.constexpr = gl.SliceLayout(1, ROWS3)
+    acc_g = gl.zeros([64, BM], gl.float32, ACC_L)
+    acc_u = gl.zeros([64, BM], gl.float32, ACC_L)
+    for i in range(c_hi - c_lo):
+        s = i % STAGES
+        mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+        wg = _decode_tile(code_s.index(NB * s).load(PAIRS), _scale_bytes(scale_s.index(NB * s), SL, SVIEW), DOT,
+                          ROWS3)
+        fence_async_shared()  # the activation rows came by cp.async (generic proxy); wgmma reads them (async proxy)
+        xt = x_s.index(s).permute((1, 0))
+        acc_g = warpgroup_mma(wg, xt, acc_g, is_async=True)
+        if GATED:
+            wu = _decode_tile(code_s.index(NB * s + 1).load(PAIRS),
+                              _scale_bytes(scale_s.index(NB * s + 1), SL, SVIEW), DOT, ROWS3)
+            acc_u = warpgroup_mma(wu, xt, acc_u, is_async=True)
+            acc_g, acc_u, wg, wu = warpgroup_mma_wait(0, deps=[acc_g, acc_u, wg, wu])
+        else:
+            acc_g, wg = warpgroup_mma_wait(0, deps=[acc_g, wg])
+        mbarrier.arrive(empty.index(s))  # the slot's codes, scales and rows are read: the producer may refill it
+    return acc_g, acc_u
+
+
+@gluon.jit
+def bitplace_partials_kernel(codes_desc, scales_desc, a_ptr, out_ptr, sorted_rows_ptr, block_expert_ptr, n_pairs,
+                             a_row_div, N_OUT, N_ROWS, K, chunks, GATED: gl.constexpr, STAGES: gl.constexpr,
+                             SPLIT_K: gl.constexpr, ACC_L: gl.constexpr, DOT: gl.constexpr, PAIRS: gl.constexpr,
+                             ROWS3: gl.constexpr, SVIEW: gl.constexpr, XS: gl.constexpr, XL: gl.constexpr):
+    """fp32 partial sums [SPLIT_K, pairs, 2, N_OUT] of expert block program_id(0) (16 pairs), output rows
+    64 program_id(1) .. + 63 (gate; up N_OUT rows on when GATED), K chunks of share program_id(2)."""
+    pid_m = gl.program_id(0)
+    pid_n = gl.program_id(1)
+    pid_s = gl.program_id(2)
+    BM: gl.constexpr = 16
+    expert = gl.load(block_expert_ptr + pid_m)
+    if expert >= 0:
+        per = gl.cdiv(chunks, SPLIT_K)
+        c_lo = pid_s * per
+        c_hi = gl.minimum(c_lo + per, chunks)
+        g_col = pid_n * 64  # the tile's first gate row (row pairs: the gate rows, then the up rows)
+        u_col = g_col + N_OUT
+        NB: gl.constexpr = 2 if GATED else 1
+        code_s = gl.allocate_shared_memory(gl.int32, [STAGES * NB, 32, 32], codes_desc.layout)
+        scale_s = gl.allocate_shared_memory(gl.uint8, [STAGES * NB, 1, 256], scales_desc.layout)
+        x_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, 128], XS)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for s in gl.static_range(STAGES):
+            mbarrier.init(ready.index(s), count=1)
+            mbarrier.init(empty.index(s), count=1)
+        acc_g, acc_u = gl.warp_specialize(
+            [(_consumer, (code_s, scale_s, x_s, ready, empty, c_lo, c_hi, GATED, STAGES, BM, ACC_L, DOT, PAIRS, ROWS3,
+                          SVIEW)),
+             (_producer, (codes_desc, scales_desc, a_ptr, sorted_rows_ptr, n_pairs, a_row_div, K, code_s, scale_s,
+                          x_s, ready, empty, pid_m, expert * (N_ROWS // 2), expert * chunks, g_col, u_col, c_lo, c_hi,
+                          GATED, STAGES, BM, XL))],
+            [1], [40])
+        pair = gl.load(sorted_rows_ptr + pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, ACC_L)))
+        n = g_col + gl.arange(0, 64, layout=gl.SliceLayout(1, ACC_L))
+        part = ((pid_s * n_pairs + pair.to(gl.int64))[None, :] * 2) * N_OUT + n[:, None]
+        mask = (pair < n_pairs)[None, :] & (n < N_OUT)[:, None]
+        gl.store(out_ptr + part, acc_g, mask=mask)
+        if GATED:
+            gl.store(out_ptr + part + N_OUT, acc_u, mask=mask)
+
+
+def scales_by_chunk(scales, n_rows: int, chunks: int):
+    """triton_bitplace's MX scales with rows in pairs ([E, N, chunks * 4] bytes, pair_rows of 4-byte chunks) ->
+    [E * chunks, N * 4]: each chunk's 4 bytes of every row in row order, so that one TMA box holds a tile's
+    scales of one K step (the pair layout's 8-byte runs are below TMA's 16-byte minimum). A pure data movement."""
+    e = scales.shape[0]
+    rows = scales.view(e, n_rows // 2, chunks, 2, 4).permute(0, 2, 1, 3, 4)  # [E, chunks, N / 2, 2, 4]
+    return rows.reshape(e * chunks, n_rows * 4).contiguous()
+
+
+def launch_bitplace_partials(launcher, codes, scales_t, a, partials, sorted_rows, block_expert, n_pairs: int,
+                             a_row_div: int, n_out: int, n_rows: int, k_dim: int, gated: bool, split_k: int,
+                             stages: int = 4, maxnreg: int = 80):
+    """One launch of bitplace_partials_kernel through `launcher` (triton_kernels' attribute, so that
+    compile_check can record it): codes [E, N_ROWS, chunks * 64] bytes (rows in pairs), scales_t from
+    scales_by_chunk, partials fp32 [split_k, n_pairs, 2, n_out]."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    e = codes.shape[0]
+    chunks = codes.shape[2] // 64
+    codes_desc = TensorDescriptor.from_tensor(codes.view(e * n_rows // 2, chunks * 128).view(torch.int32),
+                                              CODE_BOX, CODE_SMEM)
+    scales_desc = TensorDescriptor.from_tensor(scales_t, SCALE_BOX, SCALE_SMEM)
+    grid = (block_expert.numel(), -(-n_out // 64), split_k)
+    return launcher[grid](codes_desc, scales_desc, a, partials, sorted_rows, block_expert, n_pairs, a_row_div, n_out,
+                          n_rows, k_dim, chunks, GATED=gated, STAGES=stages, SPLIT_K=split_k, ACC_L=ACC, DOT=DOT_A,
+                          PAIRS=CODE_PAIRS, ROWS3=CODE_ROWS, SVIEW=SCALE_ROWS, XS=X_SMEM, XL=X_LOAD, num_warps=4,
+                          maxnreg=maxnreg)
