@@ -27,7 +27,7 @@ CASES = [("bf16", "SILU"), ("w_mxfp4", "SWIGLUOAI"), ("w_mxfp4_a_mxfp4", "SITU")
 
 
 def _bitplace(**switches):
-    """triton_bitplace with issue 28's switches set (row_pairs)."""
+    """triton_bitplace with issue 28's switches set (row_pairs, gluon)."""
     from harness.backends.triton_bitplace import TritonBitplaceBackend
 
     backend = TritonBitplaceBackend()
@@ -62,7 +62,11 @@ def main() -> int:
                                  (_bitplace(row_pairs=False), "w_nvfp4", "SILU"),
                                  # two warpgroups on one activation tile (128 rows, 8 warps)
                                  (_bitplace().configure(block_m=16, block_n=128, block_k=128, num_warps=8,
-                                                        num_stages=3), "w_nvfp4_a_nvfp4", "SWIGLUOAI")):
+                                                        num_stages=3), "w_nvfp4_a_nvfp4", "SWIGLUOAI"),
+                                 # the warp-specialised Gluon decode GEMM (TMA, mbarriers), unsplit and split 3 ways
+                                 (_bitplace(gluon=True), "w_mxfp4", "SWIGLUOAI"),
+                                 (_bitplace(gluon=True).configure(block_m=16, block_n=64, block_k=128, num_warps=4,
+                                                                  num_stages=3, split_k=3), "w_mxfp4", "SILU")):
         ckpt = make_checkpoint(scheme, act, tail.num_experts, tail.hidden_size, tail.intermediate_size, seed=1,
                                with_bias=act == "SWIGLUOAI")
         x, w, ids = case_inputs(tail, 1)

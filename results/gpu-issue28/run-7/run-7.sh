@@ -1,0 +1,58 @@
+#!/bin/bash
+# Issue 28 run-7 (written in session 17 for the next loan, H200, carry .third_party), three calls:
+#   PART=check bash results/gpu-issue28/run-7/run-7.sh   (~5 min; at most 540 s)
+#   PART=bench bash results/gpu-issue28/run-7/run-7.sh   (~5 min)
+#   PART=ncu   bash results/gpu-issue28/run-7/run-7.sh   (~4 min; the Firecracker runtime, where ncu reads counters)
+# check: the warp-specialised Gluon decode GEMM (harness/backends/gluon_kernels.py: a TMA producer warp, a decoding
+# warpgroup; 342 SASS per K step against moe_gemm_kernel's 439, counted on the CPU, never run before this) switched
+# on with MOE_CONFORMANCE_BITPLACE_GLUON=1: triton_bitplace's MXFP4 conformance cases on sm90 (every decode-size
+# case goes through it), then memcheck, racecheck and synccheck of its launches. A hang (a wrong barrier phase)
+# is cut by the timeouts.
+# bench: MXFP4 W4A16 decode on gpt-oss-120b and Kimi-K2 at 1 / 8 / 64 tokens, moe_gemm_kernel then the Gluon
+# kernel, each in its own make bench run (same binary, same run of the machine).
+# ncu: WHY the decode GEMM issues an instruction only every ~1.7 cycles per scheduler
+# (results/gpu-issue15-bitplace/run-ae6f326/ncu.txt: 0.59 issued per cycle, 1.15 eligible of 3.6 active warps):
+# ncu's stall reasons per issued instruction for moe_gemm_kernel, the Gluon kernel and triton_kernels' _matmul_ogs.
+export PYTHONUNBUFFERED=1
+HOST=$(python3 -m harness platforms --host)
+case "${PART:-check}" in
+check)
+  MOE_CONFORMANCE_BITPLACE_GLUON=1 timeout 300 python3 -m pytest -p no:cacheprovider -q -n 8 -m $HOST \
+    suites/test_conformance.py suites/test_special_values.py suites/test_triton_helpers.py \
+    -k "bitplace and w_mxfp4 and not hypothesis or compile" > $OUT/conformance-gluon.log 2>&1
+  echo "conformance, Gluon decode GEMM: rc=$? $(tail -1 $OUT/conformance-gluon.log)"
+  grep -E "^(FAILED|ERROR)" $OUT/conformance-gluon.log | head -20
+  for tool in memcheck racecheck synccheck; do
+    MOE_CONFORMANCE_BITPLACE_GLUON=1 timeout 70 compute-sanitizer --tool $tool python3 tools/sanitize_kernels.py \
+      > $OUT/$tool-gluon.log 2>&1
+    echo "$tool: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' $OUT/$tool-gluon.log | tail -1)"
+  done
+  ;;
+bench)
+  K='(gpt-oss-120b or kimi-k2) and (T1/ or T8/ or T64/) and w_mxfp4/ and triton_bitplace'
+  for gluon in 0 1; do
+    t0=$(date +%s)
+    MOE_CONFORMANCE_BITPLACE_GLUON=$gluon timeout 260 make bench PY=python3 SETUP= BENCH_ARGS="-k \"$K\"" \
+      > $OUT/bench-gluon$gluon.log 2>&1
+    echo "bench gluon=$gluon: rc=$? $(( $(date +%s) - t0 )) s"
+    mkdir -p $OUT/bench-gluon$gluon && cp bench/table.md bench/results.json $OUT/bench-gluon$gluon/ 2>/dev/null
+    grep -E "^\| " bench/table.md | head -12
+  done
+  ;;
+ncu)
+  STALLS='regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio'
+  OTHER=smsp__issue_active.avg.pct_of_peak_sustained_active,smsp__warps_active.avg.per_cycle_active,smsp__warps_eligible.avg.per_cycle_active,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__registers_per_thread,launch__grid_size,gpu__time_duration.sum,smsp__inst_executed.sum
+  t0=$(date +%s)
+  for point in "gpt-oss-120b triton_bitplace 8 0" "gpt-oss-120b triton_bitplace 8 1" "gpt-oss-120b triton_bitplace 64 0" \
+               "gpt-oss-120b triton_bitplace 64 1" "gpt-oss-120b triton_kernels_ogs 8 0" "kimi-k2 triton_bitplace 8 0"; do
+    set -- $point
+    log=$OUT/ncu-$1-$2-T$3-gluon$4.txt
+    MOE_CONFORMANCE_BITPLACE_GLUON=$4 timeout 100 ncu --profile-from-start off --clock-control none \
+      --kernel-name regex:'moe_gemm_kernel|bitplace_partials_kernel|_matmul_ogs' --metrics "$STALLS,$OTHER" \
+      python3 tools/ncu_moe.py --model $1 --scheme w_mxfp4 --backend $2 --tokens $3 > $log 2>&1
+    echo "== $1 $2 T$3 gluon=$4: rc=$? ($(( $(date +%s) - t0 )) s)"
+    grep -E "moe_gemm_kernel|bitplace_partials|_matmul_ogs|stalled_(long_scoreboard|barrier|wait|math_pipe|short_scoreboard|mio|dispatch|no_instr|not_selected|lg_throttle)|issue_active|eligible|warps_active|dram__|time_duration" $log \
+      | sed -E 's/ +/ /g' | head -40
+  done
+  ;;
+esac
