@@ -11,6 +11,7 @@ Budget at the H200's copy rate: ~0.245 (PERF.md). The counts depend on the Trito
 this CPU venv may hold another; say which when you quote them.
 
     python tools/count_loop_instructions.py [--tokens 8] [--model gpt-oss-120b] [--path w_nvfp4/triton_bitplace ...]
+                                            [--path w_mxfp4/triton_bitplace+gluon]  # the Gluon decode GEMM
                                             [--sass DIR]   # JSON to $OUT (or results/); --sass: each loop's SASS
 """
 
@@ -47,9 +48,15 @@ class _Captured(Exception):
 
 def capture_gemm1(scheme: str, backend_name: str, model: str, tokens: int) -> tuple[tuple, dict]:
     """The (args, kwargs) of the backend's first moe_gemm_kernel launch (GEMM1) at the model's H and I, from a
-    small checkpoint of the same layout (8 experts)."""
+    small checkpoint of the same layout (8 experts). BACKEND+gluon: triton_bitplace with its warp-specialised Gluon
+    decode GEMM switched on, whose bitplace_partials_kernel launch is captured instead (kwargs BLOCK_N / BLOCK_K /
+    num_warps then name its consumer warpgroup's tile; its one producer warp is not counted)."""
     shape = MODEL_SHAPES[model]
-    backend = load_backend(backend_name)
+    gluon = backend_name.endswith("+gluon")
+    backend = load_backend(backend_name.removesuffix("+gluon"))
+    if gluon:
+        backend.gluon = True
+    kernel = "bitplace_partials_kernel" if gluon else "moe_gemm_kernel"
     backend.device = "cpu"
     ckpt = make_checkpoint(scheme, shape.activation, 8, shape.hidden_size, shape.intermediate_size, seed=0,
                            with_bias=shape.biased)
@@ -64,7 +71,8 @@ def capture_gemm1(scheme: str, backend_name: str, model: str, tokens: int) -> tu
                 raise _Captured
             return launch
 
-    real, K.moe_gemm_kernel = K.moe_gemm_kernel, _Grab()
+    real = getattr(K, kernel)
+    setattr(K, kernel, _Grab())
     # the routing alignment's own Triton kernel would need a GPU driver to launch here: its torch twin gives the
     # same blocks
     backend._align = lambda topk_ids, num_experts, bm, nvfp4=None: backend._align_torch(topk_ids, num_experts, bm)
@@ -77,14 +85,18 @@ def capture_gemm1(scheme: str, backend_name: str, model: str, tokens: int) -> tu
     except _Captured:
         pass
     finally:
-        K.moe_gemm_kernel = real
+        setattr(K, kernel, real)
     if not captured:
-        raise RuntimeError(f"{backend_name} on {scheme} launched no moe_gemm_kernel")
+        raise RuntimeError(f"{backend_name} on {scheme} launched no {kernel}")
     # the tiles a GPU would pick (the capture ran with the interpreter's small ones): same pair count
     tiles = backend.tile_config(x.shape[0] * ids.shape[1], None if ckpt.scheme.weight is None else ckpt.scheme.weight.kind)
-    kwargs = dict(captured["kwargs"], BLOCK_M=tiles["block_m"], BLOCK_N=tiles["block_n"], BLOCK_K=tiles["block_k"],
-                  INTERPRET_DOT=False, num_warps=tiles["num_warps"], num_stages=tiles["num_stages"])
-    kwargs.pop("SPLIT_K", None)  # the capture's 8 experts are not the model's: split as the model's grid would
+    if gluon:
+        kwargs = dict(captured["kwargs"], SPLIT_K=1)
+    else:
+        kwargs = dict(captured["kwargs"], BLOCK_M=tiles["block_m"], BLOCK_N=tiles["block_n"],
+                      BLOCK_K=tiles["block_k"], INTERPRET_DOT=False, num_warps=tiles["num_warps"],
+                      num_stages=tiles["num_stages"])
+        kwargs.pop("SPLIT_K", None)  # the capture's 8 experts are not the model's: split as the model's grid would
     if "split_k_programs" in tiles:
         pairs = x.shape[0] * ids.shape[1]
         split = split_k_to_fill(tiles, min(shape.num_experts, pairs) * -(-shape.intermediate_size // tiles["block_n"]))
@@ -94,6 +106,8 @@ def capture_gemm1(scheme: str, backend_name: str, model: str, tokens: int) -> tu
 
 
 def compile_sm90(args: tuple, kwargs: dict):
+    if "PAIRS" in kwargs:  # the Gluon kernel's launch (its layouts are constexprs)
+        return compile_launch(K.bitplace_partials_kernel, args, kwargs)
     return compile_launch(K.moe_gemm_kernel, args, kwargs)
 
 
@@ -110,6 +124,8 @@ def main(argv=None) -> int:
         launch_args, kwargs = capture_gemm1(scheme, backend_name, args.model, args.tokens)
         compiled = compile_sm90(launch_args, kwargs)
         loop = k_loop(*sass(compiled.asm["cubin"]))
+        if "PAIRS" in kwargs:  # the Gluon kernel: a 64-row tile (gate and up when gated) of one 128-value chunk
+            kwargs.update(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_stages=kwargs["STAGES"])
         nbytes = weight_bytes_per_iteration(scheme, kwargs["BLOCK_N"], kwargs["BLOCK_K"], bool(kwargs.get("GATED")))
         per_byte = len(loop) * kwargs["num_warps"] / nbytes
         row = dict(scheme=scheme, backend=backend_name, loop_instructions=len(loop), num_warps=kwargs["num_warps"],
