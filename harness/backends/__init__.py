@@ -33,6 +33,7 @@ BUILTIN_BACKENDS: dict[str, str] = {
     "torch_scaled_grouped_mm": "harness.backends.torch_grouped_mm:make_fp8_backend",
     "jax_ragged_dot": "harness.backends.jax_ragged_dot:make_backend",
     "triton_bitplace": "harness.backends.triton_bitplace:make_backend",
+    "triton_bitplace_gluon": "harness.backends.triton_bitplace:make_gluon_backend",
     "triton_kernels_ogs": "harness.backends.triton_kernels_ogs:make_backend",
     "vllm_fused_moe@0.33.0": "harness.backends.vllm_fused_moe:make_release_0_33_0",
     "vllm_fused_moe@0.13.0": "harness.backends.vllm_fused_moe:make_release_0_13_0",

@@ -53,8 +53,9 @@ class TritonBitplaceBackend(TritonEmulationBackend):
     # MOE_CONFORMANCE_BITPLACE_ROW_PAIRS=0 stores rows one by one (the layout before, for A/B runs).
     row_pairs = os.environ.get("MOE_CONFORMANCE_BITPLACE_ROW_PAIRS", "1") == "1"
     # MOE_CONFORMANCE_BITPLACE_GLUON=1: MXFP4 x bf16 GEMMs at decode (16-pair blocks) by the warp-specialised Gluon
-    # kernel (harness/backends/gluon_kernels.py: TMA producer warp, decoding warpgroup), compiled, rows in pairs.
-    # Off until an H200 run checks it against the conformance suites and times it (results/gpu-issue28/run-7).
+    # kernel (harness/backends/gluon_kernels.py: TMA producer warp, decoding warpgroup), compiled, rows in pairs;
+    # the registered triton_bitplace_gluon always. Off here until an H200 run checks it against the conformance
+    # suites and times it (results/gpu-issue28/run-7).
     gluon = os.environ.get("MOE_CONFORMANCE_BITPLACE_GLUON", "0") == "1"
 
     def supports(self, problem, platform) -> tuple[bool, str]:
@@ -253,5 +254,36 @@ _MX_FOLD = 126  # 2^(s - 1) = 2^(s - 127) x 2^126: the E2M1 placement's bias, fo
 _NVFP4_FOLD = 2.0**7  # NVFP4 weights decode to value x 2^-7 (the E4M3 factor x 2^119 replaces a x 2^126 per pair)
 
 
+class TritonBitplaceGluonBackend(TritonBitplaceBackend):
+    """triton_bitplace with its MXFP4 x bf16 GEMMs at decode (16-pair blocks) by the warp-specialised Gluon kernel
+    (harness/backends/gluon_kernels.py); prefill-size blocks and the K step's contract misses go to
+    moe_gemm_kernel. A backend of its own so that one run checks and times both (issue 28)."""
+
+    name = "triton_bitplace_gluon"
+    gluon = True
+    row_pairs = True  # the kernel's TMA boxes are of the row-paired layout
+
+    def supports(self, problem, platform) -> tuple[bool, str]:
+        w, act = problem.scheme.weight, problem.scheme.act
+        if w is None or w.kind is not MX or w.elem is not E2M1 or act is not None:
+            return False, "the Gluon decode GEMM: MXFP4 weights with bf16 activations (W4A16) only"
+        return super().supports(problem, platform)
+
+    def available(self, platform) -> tuple[bool, str]:
+        from harness.platforms import detect_platform
+
+        if triton_kernels.INTERPRET or not torch.cuda.is_available():
+            return False, "Gluon kernels compile for a CUDA GPU only (Triton has no Gluon interpreter)"
+        if torch.cuda.get_device_capability()[0] != 9:
+            return False, "the Gluon decode GEMM issues Hopper's wgmma and TMA: sm90 only"
+        if platform is not detect_platform():
+            return False, f"compiled for this machine's {detect_platform().name}, not {platform.name}"
+        return True, ""
+
+
 def make_backend() -> TritonBitplaceBackend:
     return TritonBitplaceBackend()
+
+
+def make_gluon_backend() -> TritonBitplaceGluonBackend:
+    return TritonBitplaceGluonBackend()

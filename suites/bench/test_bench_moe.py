@@ -26,7 +26,7 @@ from reference.schemes import scheme_by_name
 
 GPU = has_gpu()
 BACKENDS = ("triton_emulation", "triton_dot_scaled", "dequantize_all", "torch_fp8", "torch_grouped_mm",
-            "torch_scaled_grouped_mm", "jax_ragged_dot", "triton_bitplace", "triton_kernels_ogs")
+            "torch_scaled_grouped_mm", "jax_ragged_dot", "triton_bitplace", "triton_bitplace_gluon", "triton_kernels_ogs")
 ROUNDS = 20
 
 

@@ -4,12 +4,13 @@
 #   PART=bench bash results/gpu-issue28/run-7/run-7.sh   (~5 min)
 #   PART=ncu   bash results/gpu-issue28/run-7/run-7.sh   (~4 min; the Firecracker runtime, where ncu reads counters)
 # check: the warp-specialised Gluon decode GEMM (harness/backends/gluon_kernels.py: a TMA producer warp, a decoding
-# warpgroup; 342 SASS per K step against moe_gemm_kernel's 439, counted on the CPU, never run before this) switched
-# on with MOE_CONFORMANCE_BITPLACE_GLUON=1: triton_bitplace's MXFP4 conformance cases on sm90 (every decode-size
-# case goes through it), then memcheck, racecheck and synccheck of its launches. A hang (a wrong barrier phase)
-# is cut by the timeouts.
-# bench: MXFP4 W4A16 decode on gpt-oss-120b and Kimi-K2 at 1 / 8 / 64 tokens, moe_gemm_kernel then the Gluon
-# kernel, each in its own make bench run (same binary, same run of the machine).
+# warpgroup; 343 SASS per K step against moe_gemm_kernel's 439, counted on the CPU, never run before this) as the
+# registered backend triton_bitplace_gluon: its conformance and special-value cases on sm90 (explicit and
+# Hypothesis; every decode-size case goes through the kernel), then memcheck, racecheck and synccheck of its
+# launches (tools/sanitize_kernels.py: unsplit and split 3 ways). A hang (a wrong barrier phase) is cut by the
+# timeouts.
+# bench: MXFP4 W4A16 decode on gpt-oss-120b and Kimi-K2 at 1 / 8 / 64 tokens: triton_bitplace, triton_bitplace_gluon
+# and triton_kernels' matmul_ogs in one make bench run.
 # ncu: WHY the decode GEMM issues an instruction only every ~1.7 cycles per scheduler
 # (results/gpu-issue15-bitplace/run-ae6f326/ncu.txt: 0.59 issued per cycle, 1.15 eligible of 3.6 active warps):
 # ncu's stall reasons per issued instruction for moe_gemm_kernel, the Gluon kernel and triton_kernels' _matmul_ogs.
@@ -17,27 +18,22 @@ export PYTHONUNBUFFERED=1
 HOST=$(python3 -m harness platforms --host)
 case "${PART:-check}" in
 check)
-  MOE_CONFORMANCE_BITPLACE_GLUON=1 timeout 300 python3 -m pytest -p no:cacheprovider -q -n 8 -m $HOST \
-    suites/test_conformance.py suites/test_special_values.py suites/test_triton_helpers.py \
-    -k "bitplace and w_mxfp4 and not hypothesis or compile" > $OUT/conformance-gluon.log 2>&1
-  echo "conformance, Gluon decode GEMM: rc=$? $(tail -1 $OUT/conformance-gluon.log)"
+  timeout 330 python3 -m pytest -p no:cacheprovider -q -n 8 -m $HOST suites/test_conformance.py \
+    suites/test_special_values.py -k "triton_bitplace_gluon" > $OUT/conformance-gluon.log 2>&1
+  echo "conformance, triton_bitplace_gluon: rc=$? $(tail -1 $OUT/conformance-gluon.log)"
   grep -E "^(FAILED|ERROR)" $OUT/conformance-gluon.log | head -20
   for tool in memcheck racecheck synccheck; do
-    MOE_CONFORMANCE_BITPLACE_GLUON=1 timeout 70 compute-sanitizer --tool $tool python3 tools/sanitize_kernels.py \
-      > $OUT/$tool-gluon.log 2>&1
+    timeout 70 compute-sanitizer --tool $tool python3 tools/sanitize_kernels.py > $OUT/$tool-gluon.log 2>&1
     echo "$tool: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' $OUT/$tool-gluon.log | tail -1)"
   done
   ;;
 bench)
-  K='(gpt-oss-120b or kimi-k2) and (T1/ or T8/ or T64/) and w_mxfp4/ and triton_bitplace'
-  for gluon in 0 1; do
-    t0=$(date +%s)
-    MOE_CONFORMANCE_BITPLACE_GLUON=$gluon timeout 260 make bench PY=python3 SETUP= BENCH_ARGS="-k \"$K\"" \
-      > $OUT/bench-gluon$gluon.log 2>&1
-    echo "bench gluon=$gluon: rc=$? $(( $(date +%s) - t0 )) s"
-    mkdir -p $OUT/bench-gluon$gluon && cp bench/table.md bench/results.json $OUT/bench-gluon$gluon/ 2>/dev/null
-    grep -E "^\| " bench/table.md | head -12
-  done
+  t0=$(date +%s)
+  timeout 540 make bench PY=python3 SETUP= BENCH_ARGS='-k "(gpt-oss-120b or kimi-k2) and (T1/ or T8/ or T64/) and w_mxfp4/ and (triton_bitplace or triton_kernels_ogs)"' \
+    > $OUT/bench-gluon.log 2>&1
+  echo "bench: rc=$? $(( $(date +%s) - t0 )) s"
+  mkdir -p $OUT/bench && cp bench/table.md bench/results.json $OUT/bench/ 2>/dev/null
+  grep -E "^\| " bench/table.md | head -30
   ;;
 ncu)
   STALLS='regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio'
