@@ -38,6 +38,11 @@ BITPLACE_DECODE = [dict(block_m=16, block_n=n, block_k=128, num_warps=w, num_sta
                         split_k=sk)
                    for (n, w), s, k, r, sk in itertools.product(((64, 4), (128, 4), (128, 8), (256, 8)), (3, 4), (1, 2),
                                                                 (0, 96), (1, 2, 4))]
+# triton_bitplace_gluon (the warp-specialised Gluon decode GEMM, 64-row tiles): its ring's depth (num_stages), the
+# launch's register cap (maxnreg: 80 gives 3 programs a multiprocessor, 64 four, with the consumer warpgroup at 136 /
+# 104 registers through setmaxnreg) and split_k
+GLUON_DECODE = [dict(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=s, maxnreg=r, split_k=sk)
+                for s, r, sk in itertools.product((3, 4, 6), (64, 80), (1, 2, 4))]
 BITPLACE_PREFILL = [dict(block_m=m, block_n=64, block_k=128, num_warps=4, num_stages=s)
                     for m, s in itertools.product((64, 128), (2, 3))]
 CASES = [("gpt-oss-120b", "w_mxfp4", "triton_dot_scaled"), ("gpt-oss-120b", "w_mxfp4", "triton_emulation"),
@@ -77,8 +82,9 @@ def main() -> int:
             w = w.float().contiguous()
             nbytes = weight_bytes(ckpt, ids)
             best = None
-            bitplace = name == "triton_bitplace"
-            grid = (BITPLACE_PREFILL if bitplace else PREFILL) if tokens >= 512 else BITPLACE_DECODE if bitplace else DECODE
+            bitplace = name.startswith("triton_bitplace")
+            decode = GLUON_DECODE if name == "triton_bitplace_gluon" else BITPLACE_DECODE if bitplace else DECODE
+            grid = (BITPLACE_PREFILL if bitplace else PREFILL) if tokens >= 512 else decode
             for cfg in (c for c in grid if all(c.get(k) in vs for k, vs in keep.items())):
                 backend.configure(**cfg)
                 try:

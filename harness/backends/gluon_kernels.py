@@ -199,7 +199,7 @@ def scales_by_chunk(scales, n_rows: int, chunks: int):
 
 def launch_bitplace_partials(launcher, codes, scales_t, a, partials, sorted_rows, block_expert, n_pairs: int,
                              a_row_div: int, n_out: int, n_rows: int, k_dim: int, gated: bool, split_k: int,
-                             stages: int = 4, maxnreg: int = 80):
+                             stages: int, maxnreg: int):
     """One launch of bitplace_partials_kernel through `launcher` (triton_kernels' attribute, so that
     compile_check can record it): codes [E, N_ROWS, chunks * 64] bytes (rows in pairs), scales_t from
     scales_by_chunk, partials fp32 [split_k, n_pairs, 2, n_out]."""

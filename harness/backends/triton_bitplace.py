@@ -133,10 +133,13 @@ class TritonBitplaceBackend(TritonEmulationBackend):
 
         codes = getattr(prep, which)
 
+        # the ring's depth and the launch's register cap from the tiles (tools/tune_moe.py sweeps them)
+        stages, maxnreg = max(2, tiles["num_stages"]), tiles.get("maxnreg") or GLUON_MAXNREG
+
         def run(a, partials, sorted_rows, block_expert, n_pairs, a_row_div, n_out, n_rows, k_dim, gated, split_k):
             return launch_bitplace_partials(triton_kernels.bitplace_partials_kernel, codes, scales, a, partials,
                                             sorted_rows, block_expert, n_pairs, a_row_div, n_out, n_rows, k_dim,
-                                            gated, split_k)
+                                            gated, split_k, stages, maxnreg)
         return run
 
 
@@ -254,6 +257,10 @@ _MX_FOLD = 126  # 2^(s - 1) = 2^(s - 127) x 2^126: the E2M1 placement's bias, fo
 _NVFP4_FOLD = 2.0**7  # NVFP4 weights decode to value x 2^-7 (the E4M3 factor x 2^119 replaces a x 2^126 per pair)
 
 
+GLUON_STAGES = 4  # the Gluon kernel's ring at decode, compiled on the CPU (not yet swept on a GPU)
+GLUON_MAXNREG = 80  # its launch's register cap: 3 programs a multiprocessor, consumer 136 registers, no spills
+
+
 class TritonBitplaceGluonBackend(TritonBitplaceBackend):
     """triton_bitplace with its MXFP4 x bf16 GEMMs at decode (16-pair blocks) by the warp-specialised Gluon kernel
     (harness/backends/gluon_kernels.py); prefill-size blocks and the K step's contract misses go to
@@ -262,6 +269,12 @@ class TritonBitplaceGluonBackend(TritonBitplaceBackend):
     name = "triton_bitplace_gluon"
     gluon = True
     row_pairs = True  # the kernel's TMA boxes are of the row-paired layout
+
+    def tile_config(self, n_pairs: int, weight_kind) -> dict:
+        tiles = super().tile_config(n_pairs, weight_kind)
+        if self.tiles is None and tiles["block_m"] == 16:  # the decode row: a 4-deep ring (51 KB, 3 programs an SM)
+            tiles["num_stages"] = GLUON_STAGES
+        return tiles
 
     def supports(self, problem, platform) -> tuple[bool, str]:
         w, act = problem.scheme.weight, problem.scheme.act

@@ -3,6 +3,7 @@
 #   PART=check bash results/gpu-issue28/run-7/run-7.sh   (~5 min; at most 540 s)
 #   PART=bench bash results/gpu-issue28/run-7/run-7.sh   (~5 min)
 #   PART=ncu   bash results/gpu-issue28/run-7/run-7.sh   (~4 min; the Firecracker runtime, where ncu reads counters)
+#   PART=tune  bash results/gpu-issue28/run-7/run-7.sh   (~4 min; after check passes)
 # check: the warp-specialised Gluon decode GEMM (harness/backends/gluon_kernels.py: a TMA producer warp, a decoding
 # warpgroup; 343 SASS per K step against moe_gemm_kernel's 439, counted on the CPU, never run before this) as the
 # registered backend triton_bitplace_gluon: its conformance and special-value cases on sm90 (explicit and
@@ -34,6 +35,13 @@ bench)
   echo "bench: rc=$? $(( $(date +%s) - t0 )) s"
   mkdir -p $OUT/bench && cp bench/table.md bench/results.json $OUT/bench/ 2>/dev/null
   grep -E "^\| " bench/table.md | head -30
+  ;;
+tune)
+  # the Gluon kernel's ring depth (3 / 4 / 6), register cap (64 / 80) and split_k (1 / 2 / 4) at 1, 8, 64 tokens
+  t0=$(date +%s); mkdir -p $OUT/tune
+  OUT=$OUT/tune timeout 400 python3 tools/tune_moe.py --case gpt-oss-120b/w_mxfp4/triton_bitplace_gluon \
+    --case kimi-k2/w_mxfp4/triton_bitplace_gluon --tokens 1 8 64 > $OUT/tune-gluon.log 2>&1
+  echo "tune: rc=$? $(( $(date +%s) - t0 )) s"; grep -E "best|copy bandwidth" $OUT/tune-gluon.log
   ;;
 ncu)
   STALLS='regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio'
