@@ -39,8 +39,9 @@ BITPLACE_DECODE = [dict(block_m=16, block_n=n, block_k=128, num_warps=w, num_sta
                    for (n, w), s, k, r, sk in itertools.product(((64, 4), (128, 4), (128, 8), (256, 8)), (3, 4), (1, 2),
                                                                 (0, 96), (1, 2, 4))]
 # triton_bitplace_gluon (the warp-specialised Gluon decode GEMM, 64-row tiles): its ring's depth (num_stages), the
-# launch's register cap (maxnreg: 80 gives 3 programs a multiprocessor, 64 four, with the consumer warpgroup at 136 /
-# 104 registers through setmaxnreg) and split_k
+# launch's register cap (maxnreg: 80 gives 3 programs a multiprocessor; 64 four, the gated consumer's K loop then at
+# 88 registers, where ptxas re-serialises the wgmma: 369 SASS a step against 343, no spill in the CPU compile) and
+# split_k
 GLUON_DECODE = [dict(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=s, maxnreg=r, split_k=sk)
                 for s, r, sk in itertools.product((3, 4, 6), (64, 80), (1, 2, 4))]
 BITPLACE_PREFILL = [dict(block_m=m, block_n=64, block_k=128, num_warps=4, num_stages=s)

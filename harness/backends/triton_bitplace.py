@@ -126,8 +126,9 @@ class TritonBitplaceBackend(TritonEmulationBackend):
         scales = prep.extras.get(f"{which}_scale_by_chunk")
         # the Gluon kernel's contract: bf16 activations (no scale), 16-pair blocks, TMA strides of whole 16 bytes
         # (scale rows of n_rows x 4 bytes), 16-byte activation rows for cp.async, gate and up rows in whole pairs
+        # (n_rows >= 64: every TMA box lies within its tensor's extent on the smallest test models too)
         if (scales is None or a_mode or quantize_nvfp4 is not None or tiles["block_m"] != 16 or n_rows % 4
-                or k_dim % 16 or n_out % 2):
+                or n_rows < 64 or k_dim % 16 or n_out % 2):
             return None
         from .gluon_kernels import launch_bitplace_partials
 
@@ -137,6 +138,8 @@ class TritonBitplaceBackend(TritonEmulationBackend):
         stages, maxnreg = max(2, tiles["num_stages"]), tiles.get("maxnreg") or GLUON_MAXNREG
 
         def run(a, partials, sorted_rows, block_expert, n_pairs, a_row_div, n_out, n_rows, k_dim, gated, split_k):
+            if a.data_ptr() % 16 or a.stride() != (k_dim, 1):  # cp.async moves 16-byte runs of whole rows: a view
+                a = a.clone(memory_format=torch.contiguous_format)  # at an odd offset goes through a fresh copy
             return launch_bitplace_partials(triton_kernels.bitplace_partials_kernel, codes, scales, a, partials,
                                             sorted_rows, block_expert, n_pairs, a_row_div, n_out, n_rows, k_dim,
                                             gated, split_k, stages, maxnreg)
@@ -258,7 +261,10 @@ _NVFP4_FOLD = 2.0**7  # NVFP4 weights decode to value x 2^-7 (the E4M3 factor x 
 
 
 GLUON_STAGES = 4  # the Gluon kernel's ring at decode, compiled on the CPU (not yet swept on a GPU)
-GLUON_MAXNREG = 80  # its launch's register cap: 3 programs a multiprocessor, consumer 136 registers, no spills
+# its launch's register cap: the 1-warp producer is padded to a warpgroup, so 80 x 256 threads, 3 programs a
+# multiprocessor; setmaxnreg gives the consumer warpgroup 120 in the K loop (136 in the epilogue), the producer
+# 40 (24 idle): no spills (64 fits 4 programs, the consumer's loop at 88: tools/tune_moe.py sweeps both)
+GLUON_MAXNREG = 80
 
 
 class TritonBitplaceGluonBackend(TritonBitplaceBackend):
