@@ -15,8 +15,9 @@ same epilogues and roundings as the split-K path of moe_gemm_kernel). What diffe
   arrive/wait (moe_gemm_kernel's compiled loop waits after every wgmma).
 Compiled for sm90 with Triton 3.6 on the CPU: 342 SASS per K step in the consumer loop for the gated 2 x 64-row
 tile (moe_gemm_kernel: 439), no spills at 80 registers a thread (results/cpu-issue28/README.md). Not yet run on a
-GPU: triton_bitplace launches it only with MOE_CONFORMANCE_BITPLACE_GLUON=1 (off by default until an H200 run
-checks it against the conformance suites and times it).
+GPU: the registered backend triton_bitplace_gluon launches it, and triton_bitplace with
+MOE_CONFORMANCE_BITPLACE_GLUON=1 (off by default until an H200 run checks it against the conformance suites and
+times it: results/gpu-issue28/run-7).
 """
 
 from __future__ import annotations
