@@ -453,3 +453,26 @@ def test_the_gluon_decode_reads_the_tma_boxes_of_every_tile_in_the_stored_order(
                 expect = want[e, first:first + 64, c * 128:(c + 1) * 128]
                 bad = tile != expect
                 assert not bad.any(), (e, first, c, int(bad.sum()), tuple(bad.nonzero()[0].tolist()))
+
+
+def test_the_gluon_gemm_takes_exactly_the_launches_its_contract_covers(monkeypatch):
+    """triton_bitplace_gluon's dispatch (the kernel itself runs on sm90 only): MXFP4 x bf16 GEMMs of 16-pair blocks
+    whose TMA boxes fit go to bitplace_partials_kernel; activation scales, NVFP4 quantization, prefill blocks, K not
+    a multiple of 16, odd N or small N_ROWS go to moe_gemm_kernel; triton_bitplace without the switch never."""
+    from harness.backends import triton_kernels as K
+    from harness.backends.triton_bitplace import TritonBitplaceBackend, TritonBitplaceGluonBackend
+    from reference.checkpoints import make_checkpoint
+
+    monkeypatch.setattr(K, "INTERPRET", False)  # prepare() then lays out the kernel's per-chunk scale copy
+    ckpt = make_checkpoint("w_mxfp4", "SWIGLUOAI", 2, 256, 128, seed=0, with_bias=True)
+    gluon, plain = TritonBitplaceGluonBackend(), TritonBitplaceBackend()
+    gluon.device = plain.device = "cpu"
+    prep = gluon.prepare(ckpt)
+    assert set(prep.extras) == {"w13_scale_by_chunk", "w2_scale_by_chunk"} and not plain.prepare(ckpt).extras
+    decode, prefill = dict(block_m=16, num_stages=4), dict(block_m=64, num_stages=3)
+    takes = lambda tiles, n_out=128, n_rows=256, k=256, a_mode=0, quant=None: gluon._partials_kernel(  # noqa: E731
+        prep, "w13", a_mode, tiles, quant, n_out, n_rows, k) is not None
+    assert takes(decode) and gluon._partials_kernel(prep, "w2", 0, decode, None, 256, 256, 128) is not None
+    assert not any([takes(prefill), takes(decode, a_mode=1), takes(decode, quant=torch.ones(1)), takes(decode, k=264),
+                    takes(decode, n_out=127), takes(decode, n_rows=254), takes(decode, n_rows=32)])
+    assert plain._partials_kernel(plain.prepare(ckpt), "w13", 0, decode, None, 128, 256, 256) is None
