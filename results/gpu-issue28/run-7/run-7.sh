@@ -19,6 +19,31 @@ export PYTHONUNBUFFERED=1
 HOST=$(python3 -m harness platforms --host)
 case "${PART:-check}" in
 check)
+  # smoke first (a hang costs 90 s, not the suite's 330): gpt-oss-120b's expert sizes, 8 experts, 1 / 8 / 64 tokens,
+  # the Gluon backend against triton_bitplace (the same fp32 sums in the same wgmma order: bit for bit expected)
+  timeout 90 python3 - > $OUT/smoke-gluon.log 2>&1 <<'PY'
+import torch
+from harness.backends import load_backend
+from harness.bench import MODEL_SHAPES, routed_inputs
+from reference.checkpoints import make_checkpoint
+shape = MODEL_SHAPES["gpt-oss-120b"]
+ckpt = make_checkpoint("w_mxfp4", shape.activation, 8, shape.hidden_size, shape.intermediate_size, seed=0,
+                       with_bias=shape.biased)
+outs = {}
+for name in ("triton_bitplace", "triton_bitplace_gluon"):
+    b = load_backend(name)
+    prep = b.prepare(ckpt)
+    for t in (1, 8, 64):
+        x, w, _ = routed_inputs(shape, t, "cuda")
+        ids = torch.randn(t, 8, generator=torch.Generator().manual_seed(t)).topk(shape.top_k).indices.cuda()
+        outs[name, t] = b.forward(prep, x, w.float(), ids)
+        torch.cuda.synchronize()
+for t in (1, 8, 64):
+    a, g = outs["triton_bitplace", t], outs["triton_bitplace_gluon", t]
+    same = torch.equal(a.view(torch.int16), g.view(torch.int16))
+    print(f"T={t}: bit for bit {same}; max |diff| {(a.float() - g.float()).abs().max().item():.3g}; finite {bool(torch.isfinite(g).all())}")
+PY
+  echo "smoke: rc=$?"; cat $OUT/smoke-gluon.log | tail -5
   timeout 330 python3 -m pytest -p no:cacheprovider -q -n 8 -m $HOST suites/test_conformance.py \
     suites/test_special_values.py -k "triton_bitplace_gluon" > $OUT/conformance-gluon.log 2>&1
   echo "conformance, triton_bitplace_gluon: rc=$? $(tail -1 $OUT/conformance-gluon.log)"
