@@ -66,7 +66,14 @@ def main() -> int:
                                  # the warp-specialised Gluon decode GEMM (TMA, mbarriers), unsplit and split 3 ways
                                  (_bitplace(gluon=True), "w_mxfp4", "SWIGLUOAI"),
                                  (_bitplace(gluon=True).configure(block_m=16, block_n=64, block_k=128, num_warps=4,
-                                                                  num_stages=3, split_k=3), "w_mxfp4", "SILU")):
+                                                                  num_stages=3, split_k=3), "w_mxfp4", "SILU"),
+                                 # its two other consumer schedules; the lagging one on the shortest ring
+                                 (_bitplace(gluon=True).configure(block_m=16, block_n=64, block_k=128, num_warps=4,
+                                                                  num_stages=3, mma_overlap=1), "w_mxfp4",
+                                  "SWIGLUOAI"),
+                                 (_bitplace(gluon=True).configure(block_m=16, block_n=64, block_k=128, num_warps=4,
+                                                                  num_stages=2, mma_overlap=2), "w_mxfp4",
+                                  "SWIGLUOAI")):
         ckpt = make_checkpoint(scheme, act, tail.num_experts, tail.hidden_size, tail.intermediate_size, seed=1,
                                with_bias=act == "SWIGLUOAI")
         x, w, ids = case_inputs(tail, 1)

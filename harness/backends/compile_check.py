@@ -119,12 +119,17 @@ def main(argv=None) -> int:
     ap.add_argument("--case", action="append", required=True, metavar="BACKEND/SCHEME/ACTIVATION")
     ap.add_argument("--tokens", type=int, nargs="+", default=[1])
     ap.add_argument("--skip", action="append", default=[], metavar="KERNEL", help="record, but do not compile")
+    ap.add_argument("--configure", action="append", default=[], metavar="KEY=INT",
+                    help="launch parameters for every case (backend.configure: tiles and schedules)")
     args = ap.parse_args(argv)
+    params = dict(kv.split("=", 1) for kv in args.configure)
     seen, failed = set(), 0
     for case in args.case:
         backend_name, scheme, activation = case.split("/")
         backend = load_backend(backend_name)
         backend.device = "cpu"
+        if params:
+            backend.configure(**{k: int(v) for k, v in params.items()})
         ckpt = make_checkpoint(scheme, activation, 8, 256, 128, seed=0, with_bias=True)
         for tokens in args.tokens:
             g = torch.Generator().manual_seed(tokens)

@@ -52,6 +52,7 @@ SCALE_SMEM = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank
 SCALE_ROWS = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])  # the [1, 256] box seen as [64 rows, 4 bytes]
 X_SMEM = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 X_LOAD = gl.BlockedLayout([1, 8], [2, 16], [1, 1], [1, 0])  # the producer warp: [16 rows, 128] bf16, 16 B a lane
+PRODUCER_WARPS = gl.constexpr(1)  # X_LOAD's warps; the ready barriers count a cp.async arrive from each thread
 # _decode_tile's joined dims (warp, h, g, t, q, i2, i1, i0) to (warp, h, g, q, i2, i1, t, i0): row 16 warp + 8h + g,
 # column 32q + 16 i2 + 8 i1 + 2t + i0 (suites/test_fp4_bits.py replays the steps in torch with this order)
 DECODE_ORDER = gl.constexpr((0, 1, 2, 4, 5, 6, 3, 7))
@@ -108,9 +109,11 @@ def _producer(codes_desc, scales_desc, a_ptr, sorted_rows_ptr, n_pairs, a_row_di
         s = i % STAGES
         mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)  # the first pass finds every slot free
         c = c_lo + i
-        # cp.async first: its arrive raises the barrier's count until the copies land, before expect's arrive
+        # each of the warp's 32 threads arrives once its own cp.async rows have landed (.noinc: the barrier was
+        # initialised for these 32 arrivals plus expect's one; the incrementing form raises the pending count
+        # above its initial value, which synccheck reports as a barrier overflow and stops the kernel)
         _cp_async(x_s.index(s), x_ptrs + c * 128, mask=row_ok & (c * 128 + cols < K)[None, :])
-        async_copy.mbarrier_arrive(ready.index(s))
+        async_copy.mbarrier_arrive(ready.index(s), increment_count=False)
         mbarrier.expect(ready.index(s), NB * (codes_desc.block_type.nbytes + scales_desc.block_type.nbytes))
         _tma_load(codes_desc, [code_row + g_col // 2, c * 32], ready.index(s), code_s.index(NB * s))
         _tma_load(scales_desc, [scale_row + c, g_col * 4], ready.index(s), scale_s.index(NB * s))
@@ -122,7 +125,10 @@ def _producer(codes_desc, scales_desc, a_ptr, sorted_rows_ptr, n_pairs, a_row_di
 @gluon.jit
 def _consumer(code_s, scale_s, x_s, ready, empty, c_lo, c_hi, GATED: gl.constexpr, STAGES: gl.constexpr,
               BM: gl.constexpr, ACC_L: gl.constexpr, DOT: gl.constexpr, PAIRS: gl.constexpr, ROWS3: gl.constexpr,
-              SVIEW: gl.constexpr):
+              SVIEW: gl.constexpr, OVERLAP: gl.constexpr):
+    """OVERLAP 0: the up tile's decode overlaps the gate tile's MMA, each step waits for its MMAs; 1: both tiles
+    decoded before either MMA (two independent instruction chains for the scheduler), each step waits; 2: as 1,
+    and a step's MMAs run on during the next step's decode (its slot is released one step later)."""
     NB: gl.constexpr = 2 if GATED else 1
     SL: gl.constexpr = gl.SliceLayout(1, ROWS3)
     acc_g = gl.zeros([64, BM], gl.float32, ACC_L)
@@ -132,24 +138,45 @@ def _consumer(code_s, scale_s, x_s, ready, empty, c_lo, c_hi, GATED: gl.constexp
         mbarrier.wait(ready.index(s), (i // STAGES) & 1)
         wg = _decode_tile(code_s.index(NB * s).load(PAIRS), _scale_bytes(scale_s.index(NB * s), SL, SVIEW), DOT,
                           ROWS3)
-        fence_async_shared()  # the activation rows came by cp.async (generic proxy); wgmma reads them (async proxy)
         xt = x_s.index(s).permute((1, 0))
-        acc_g = warpgroup_mma(wg, xt, acc_g, is_async=True)
-        if GATED:
-            wu = _decode_tile(code_s.index(NB * s + 1).load(PAIRS),
-                              _scale_bytes(scale_s.index(NB * s + 1), SL, SVIEW), DOT, ROWS3)
-            acc_u = warpgroup_mma(wu, xt, acc_u, is_async=True)
-            acc_g, acc_u, wg, wu = warpgroup_mma_wait(0, deps=[acc_g, acc_u, wg, wu])
+        if OVERLAP == 0:
+            fence_async_shared()  # the activation rows came by cp.async (generic proxy); wgmma reads them (async)
+            acc_g = warpgroup_mma(wg, xt, acc_g, is_async=True)
+            if GATED:
+                wu = _decode_tile(code_s.index(NB * s + 1).load(PAIRS),
+                                  _scale_bytes(scale_s.index(NB * s + 1), SL, SVIEW), DOT, ROWS3)
+                acc_u = warpgroup_mma(wu, xt, acc_u, is_async=True)
+                acc_g, acc_u, wg, wu = warpgroup_mma_wait(0, deps=[acc_g, acc_u, wg, wu])
+            else:
+                acc_g, wg = warpgroup_mma_wait(0, deps=[acc_g, wg])
+            mbarrier.arrive(empty.index(s))  # the slot's codes, scales and rows are read: the producer may refill
         else:
-            acc_g, wg = warpgroup_mma_wait(0, deps=[acc_g, wg])
-        mbarrier.arrive(empty.index(s))  # the slot's codes, scales and rows are read: the producer may refill it
+            if GATED:
+                wu = _decode_tile(code_s.index(NB * s + 1).load(PAIRS),
+                                  _scale_bytes(scale_s.index(NB * s + 1), SL, SVIEW), DOT, ROWS3)
+            fence_async_shared()
+            acc_g = warpgroup_mma(wg, xt, acc_g, is_async=True)
+            if GATED:
+                acc_u = warpgroup_mma(wu, xt, acc_u, is_async=True)
+            # OVERLAP 2 leaves this step's NB MMA groups in flight (their register operands stay live through the
+            # next decode): the previous step's are then complete and its slot may be refilled
+            LAG: gl.constexpr = NB if OVERLAP == 2 else 0
+            if GATED:
+                acc_g, acc_u, wg, wu = warpgroup_mma_wait(LAG, deps=[acc_g, acc_u, wg, wu])
+            else:
+                acc_g, wg = warpgroup_mma_wait(LAG, deps=[acc_g, wg])
+            if OVERLAP == 2:
+                mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), pred=i > 0)
+            else:
+                mbarrier.arrive(empty.index(s))
+    acc_g, acc_u = warpgroup_mma_wait(0, deps=[acc_g, acc_u])
     return acc_g, acc_u
 
 
 @gluon.jit
 def bitplace_partials_kernel(codes_desc, scales_desc, a_ptr, out_ptr, sorted_rows_ptr, block_expert_ptr, n_pairs,
                              a_row_div, N_OUT, N_ROWS, K, chunks, GATED: gl.constexpr, STAGES: gl.constexpr,
-                             SPLIT_K: gl.constexpr, ACC_L: gl.constexpr, DOT: gl.constexpr, PAIRS: gl.constexpr,
+                             SPLIT_K: gl.constexpr, OVERLAP: gl.constexpr, ACC_L: gl.constexpr, DOT: gl.constexpr, PAIRS: gl.constexpr,
                              ROWS3: gl.constexpr, SVIEW: gl.constexpr, XS: gl.constexpr, XL: gl.constexpr):
     """fp32 partial sums [SPLIT_K, pairs, 2, N_OUT] of expert block program_id(0) (16 pairs), output rows
     64 program_id(1) .. + 63 (gate; up N_OUT rows on when GATED), K chunks of share program_id(2)."""
@@ -171,15 +198,15 @@ def bitplace_partials_kernel(codes_desc, scales_desc, a_ptr, out_ptr, sorted_row
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for s in gl.static_range(STAGES):
-            mbarrier.init(ready.index(s), count=1)
+            mbarrier.init(ready.index(s), count=32 * PRODUCER_WARPS + 1)  # a cp.async arrive a thread, expect's
             mbarrier.init(empty.index(s), count=1)
         acc_g, acc_u = gl.warp_specialize(
             [(_consumer, (code_s, scale_s, x_s, ready, empty, c_lo, c_hi, GATED, STAGES, BM, ACC_L, DOT, PAIRS, ROWS3,
-                          SVIEW)),
+                          SVIEW, OVERLAP)),
              (_producer, (codes_desc, scales_desc, a_ptr, sorted_rows_ptr, n_pairs, a_row_div, K, code_s, scale_s,
                           x_s, ready, empty, pid_m, expert * (N_ROWS // 2), expert * chunks, g_col, u_col, c_lo, c_hi,
                           GATED, STAGES, BM, XL))],
-            [1], [40])
+            [PRODUCER_WARPS], [40])
         pair = gl.load(sorted_rows_ptr + pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, ACC_L)))
         n = g_col + gl.arange(0, 64, layout=gl.SliceLayout(1, ACC_L))
         part = ((pid_s * n_pairs + pair.to(gl.int64))[None, :] * 2) * N_OUT + n[:, None]
@@ -200,10 +227,10 @@ def scales_by_chunk(scales, n_rows: int, chunks: int):
 
 def launch_bitplace_partials(launcher, codes, scales_t, a, partials, sorted_rows, block_expert, n_pairs: int,
                              a_row_div: int, n_out: int, n_rows: int, k_dim: int, gated: bool, split_k: int,
-                             stages: int, maxnreg: int):
+                             stages: int, maxnreg: int, overlap: int = 0):
     """One launch of bitplace_partials_kernel through `launcher` (triton_kernels' attribute, so that
     compile_check can record it): codes [E, N_ROWS, chunks * 64] bytes (rows in pairs), scales_t from
-    scales_by_chunk, partials fp32 [split_k, n_pairs, 2, n_out]."""
+    scales_by_chunk, partials fp32 [split_k, n_pairs, 2, n_out]; overlap: the consumer's schedule (_consumer)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     e = codes.shape[0]
@@ -213,6 +240,6 @@ def launch_bitplace_partials(launcher, codes, scales_t, a, partials, sorted_rows
     scales_desc = TensorDescriptor.from_tensor(scales_t, SCALE_BOX, SCALE_SMEM)
     grid = (block_expert.numel(), -(-n_out // 64), split_k)
     return launcher[grid](codes_desc, scales_desc, a, partials, sorted_rows, block_expert, n_pairs, a_row_div, n_out,
-                          n_rows, k_dim, chunks, GATED=gated, STAGES=stages, SPLIT_K=split_k, ACC_L=ACC, DOT=DOT_A,
-                          PAIRS=CODE_PAIRS, ROWS3=CODE_ROWS, SVIEW=SCALE_ROWS, XS=X_SMEM, XL=X_LOAD, num_warps=4,
-                          maxnreg=maxnreg)
+                          n_rows, k_dim, chunks, GATED=gated, STAGES=stages, SPLIT_K=split_k, OVERLAP=overlap,
+                          ACC_L=ACC, DOT=DOT_A, PAIRS=CODE_PAIRS, ROWS3=CODE_ROWS, SVIEW=SCALE_ROWS, XS=X_SMEM,
+                          XL=X_LOAD, num_warps=4, maxnreg=maxnreg)

@@ -54,8 +54,8 @@ class TritonBitplaceBackend(TritonEmulationBackend):
     row_pairs = os.environ.get("MOE_CONFORMANCE_BITPLACE_ROW_PAIRS", "1") == "1"
     # MOE_CONFORMANCE_BITPLACE_GLUON=1: MXFP4 x bf16 GEMMs at decode (16-pair blocks) by the warp-specialised Gluon
     # kernel (harness/backends/gluon_kernels.py: TMA producer warp, decoding warpgroup), compiled, rows in pairs;
-    # the registered triton_bitplace_gluon always. Off here until an H200 run checks it against the conformance
-    # suites and times it (results/gpu-issue28/run-7).
+    # the registered triton_bitplace_gluon always (10-13% faster on the H200, results/gpu-issue28/run-8). Off here:
+    # triton_bitplace stays the plain-Triton path, the A/B baseline and the fallback where Gluon cannot run.
     gluon = os.environ.get("MOE_CONFORMANCE_BITPLACE_GLUON", "0") == "1"
 
     def supports(self, problem, platform) -> tuple[bool, str]:
@@ -136,13 +136,14 @@ class TritonBitplaceBackend(TritonEmulationBackend):
 
         # the ring's depth and the launch's register cap from the tiles (tools/tune_moe.py sweeps them)
         stages, maxnreg = max(2, tiles["num_stages"]), tiles.get("maxnreg") or GLUON_MAXNREG
+        overlap = tiles.get("mma_overlap", GLUON_OVERLAP)
 
         def run(a, partials, sorted_rows, block_expert, n_pairs, a_row_div, n_out, n_rows, k_dim, gated, split_k):
             if a.data_ptr() % 16 or a.stride() != (k_dim, 1):  # cp.async moves 16-byte runs of whole rows: a view
                 a = a.clone(memory_format=torch.contiguous_format)  # at an odd offset goes through a fresh copy
             return launch_bitplace_partials(triton_kernels.bitplace_partials_kernel, codes, scales, a, partials,
                                             sorted_rows, block_expert, n_pairs, a_row_div, n_out, n_rows, k_dim,
-                                            gated, split_k, stages, maxnreg)
+                                            gated, split_k, stages, maxnreg, overlap)
         return run
 
 
@@ -260,11 +261,20 @@ _MX_FOLD = 126  # 2^(s - 1) = 2^(s - 127) x 2^126: the E2M1 placement's bias, fo
 _NVFP4_FOLD = 2.0**7  # NVFP4 weights decode to value x 2^-7 (the E4M3 factor x 2^119 replaces a x 2^126 per pair)
 
 
-GLUON_STAGES = 4  # the Gluon kernel's ring at decode, compiled on the CPU (not yet swept on a GPU)
+GLUON_STAGES = 4  # the Gluon kernel's ring at decode (H200 sweeps, results/gpu-issue28/run-7 and run-8: 3 and 6 slower
+# or no faster from 8 tokens on; a deeper ring wherever it added no wave, 5 or 6 slots, was 1-15% slower at every
+# point of make bench, run-8 ring)
+# its split-K rule at decode: at one token gpt-oss-120b's 180 GEMM1 programs ran fastest split 2 ways (38.6 us
+# against 44.2 unsplit and 44.5 split 4), Kimi-K2's 256 unsplit (95.1 us against 102.8 split 2) (run-7's sweep)
+GLUON_SPLIT_K_PROGRAMS = 256
 # its launch's register cap: the 1-warp producer is padded to a warpgroup, so 80 x 256 threads, 3 programs a
 # multiprocessor; setmaxnreg gives the consumer warpgroup 120 in the K loop (136 in the epilogue), the producer
 # 40 (24 idle): no spills (64 fits 4 programs, the consumer's loop at 88: tools/tune_moe.py sweeps both)
 GLUON_MAXNREG = 80
+# the consumer's schedule (gluon_kernels._consumer): 0 each step waits for its MMAs, the up tile decoded under the
+# gate tile's; 1 both tiles decoded first; 2 as 1 with a step's MMAs running on under the next step's decode
+# (MOE_CONFORMANCE_GLUON_OVERLAP: another default, for A/B runs of the suites and sanitizers)
+GLUON_OVERLAP = int(os.environ.get("MOE_CONFORMANCE_GLUON_OVERLAP", "0"))
 
 
 class TritonBitplaceGluonBackend(TritonBitplaceBackend):
@@ -280,6 +290,8 @@ class TritonBitplaceGluonBackend(TritonBitplaceBackend):
         tiles = super().tile_config(n_pairs, weight_kind)
         if self.tiles is None and tiles["block_m"] == 16:  # the decode row: a 4-deep ring (51 KB, 3 programs an SM)
             tiles["num_stages"] = GLUON_STAGES
+            if "split_k_programs" in tiles:
+                tiles["split_k_programs"] = GLUON_SPLIT_K_PROGRAMS
         return tiles
 
     def supports(self, problem, platform) -> tuple[bool, str]:

@@ -121,8 +121,9 @@ def loop_facts(cubin: bytes, scheme: str, tiles: dict, gated: bool) -> dict:
     return dict(loop_instructions=len(loop), warp_instructions_per_byte=len(loop) * tiles["num_warps"] / nbytes)
 
 
-# kernel names of MoE GEMMs: ours (and its split-K epilogue), CUTLASS, cuBLAS(Lt)'s nvjet kernels on Hopper, XLA
-GEMM_KERNEL_WORDS = ("gemm", "splitk", "cutlass", "matmul", "nvjet", "ragged_dot")
+# kernel names of MoE GEMMs: ours (and its split-K epilogue; the Gluon decode GEMM writes fp32 partials, named so),
+# CUTLASS, cuBLAS(Lt)'s nvjet kernels on Hopper, XLA
+GEMM_KERNEL_WORDS = ("gemm", "splitk", "bitplace_partials", "cutlass", "matmul", "nvjet", "ragged_dot")
 
 
 def kernel_table(fn, setup=None) -> list[tuple[str, int, float]]:

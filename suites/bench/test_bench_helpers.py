@@ -174,3 +174,15 @@ def test_the_board_is_read_from_nvidia_smi_and_picked_by_torch_s_uuid():
     line = _board(parse_gpu_state(b))
     assert "GPU-2222-bbbb" in line and "SM clock 1755 MHz (max 1980 MHz)" in line and "throttle reasons 0x4" in line
     assert _board({}) == ""
+
+
+def test_every_gemm_kernel_we_launch_is_timed_as_a_gemm():
+    """kernel_time_split's GEMM words against this project's launched kernels: the GEMMs and their split-K sums
+    count as GEMM time, routing, quantizers and the top-k sum as the rest (run-8's targets.md had the Gluon decode
+    GEMM under 'other kernels' until its name was in the list)."""
+    from harness.backends.compile_check import LAUNCHED_KERNELS
+    from harness.bench.diagnosis import GEMM_KERNEL_WORDS
+
+    gemms = {"moe_gemm_kernel", "bitplace_partials_kernel", "splitk_epilogue_kernel", "splitk_topk_reduce_kernel"}
+    timed = {name for name in LAUNCHED_KERNELS if any(word in name.lower() for word in GEMM_KERNEL_WORDS)}
+    assert timed == gemms, (timed ^ gemms)
