@@ -458,7 +458,8 @@ def test_the_gluon_decode_reads_the_tma_boxes_of_every_tile_in_the_stored_order(
 def test_the_gluon_gemm_takes_exactly_the_launches_its_contract_covers(monkeypatch):
     """triton_bitplace_gluon's dispatch (the kernel itself runs on sm90 only): MXFP4 x bf16 GEMMs of 16-pair blocks
     whose TMA boxes fit go to bitplace_partials_kernel; activation scales, NVFP4 quantization, prefill blocks, K not
-    a multiple of 16, odd N or small N_ROWS go to moe_gemm_kernel; triton_bitplace without the switch never."""
+    a multiple of 16, odd N, small N_ROWS, N tiles other than one or two warpgroups' 64 rows and 8-warp tiles go
+    to moe_gemm_kernel; triton_bitplace without the switch never."""
     from harness.backends import triton_kernels as K
     from harness.backends.triton_bitplace import TritonBitplaceBackend, TritonBitplaceGluonBackend
     from reference.checkpoints import make_checkpoint
@@ -469,10 +470,13 @@ def test_the_gluon_gemm_takes_exactly_the_launches_its_contract_covers(monkeypat
     gluon.device = plain.device = "cpu"
     prep = gluon.prepare(ckpt)
     assert set(prep.extras) == {"w13_scale_by_chunk", "w2_scale_by_chunk"} and not plain.prepare(ckpt).extras
-    decode, prefill = dict(block_m=16, num_stages=4), dict(block_m=64, num_stages=3)
+    decode = dict(block_m=16, block_n=64, num_warps=4, num_stages=4)
+    prefill = dict(decode, block_m=64)
     takes = lambda tiles, n_out=128, n_rows=256, k=256, a_mode=0, quant=None: gluon._partials_kernel(  # noqa: E731
         prep, "w13", a_mode, tiles, quant, n_out, n_rows, k) is not None
     assert takes(decode) and gluon._partials_kernel(prep, "w2", 0, decode, None, 256, 256, 128) is not None
+    assert takes(dict(decode, block_n=128))  # two consumer warpgroups a program
     assert not any([takes(prefill), takes(decode, a_mode=1), takes(decode, quant=torch.ones(1)), takes(decode, k=264),
-                    takes(decode, n_out=127), takes(decode, n_rows=254), takes(decode, n_rows=32)])
+                    takes(decode, n_out=127), takes(decode, n_rows=254), takes(decode, n_rows=32),
+                    takes(dict(decode, block_n=256)), takes(dict(decode, num_warps=8))])
     assert plain._partials_kernel(plain.prepare(ckpt), "w13", 0, decode, None, 128, 256, 256) is None

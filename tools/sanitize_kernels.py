@@ -73,7 +73,14 @@ def main() -> int:
                                   "SWIGLUOAI"),
                                  (_bitplace(gluon=True).configure(block_m=16, block_n=64, block_k=128, num_warps=4,
                                                                   num_stages=2, mma_overlap=2), "w_mxfp4",
-                                  "SWIGLUOAI")):
+                                  "SWIGLUOAI"),
+                                 # two consumer warpgroups a program: GEMM1's second tile half past N (96 rows),
+                                 # GEMM2's last program's second tile wholly past it (160 rows), TMA fills zeros
+                                 (_bitplace(gluon=True).configure(block_m=16, block_n=128, block_k=128, num_warps=4,
+                                                                  num_stages=4), "w_mxfp4", "SWIGLUOAI"),
+                                 (_bitplace(gluon=True).configure(block_m=16, block_n=128, block_k=128, num_warps=4,
+                                                                  num_stages=3, split_k=3, mma_overlap=2), "w_mxfp4",
+                                  "SILU")):
         ckpt = make_checkpoint(scheme, act, tail.num_experts, tail.hidden_size, tail.intermediate_size, seed=1,
                                with_bias=act == "SWIGLUOAI")
         x, w, ids = case_inputs(tail, 1)

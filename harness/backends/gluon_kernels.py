@@ -13,11 +13,12 @@ same epilogues and roundings as the split-K path of moe_gemm_kernel). What diffe
   triton_kernels' own _place_pairs and _scaled_halves_bf16; the layout conversion to the operand is asserted
   trivial (a register relabel, checked by the compiler), and the 8 wgmma of a tile issue back to back under one
   arrive/wait (moe_gemm_kernel's compiled loop waits after every wgmma).
-Compiled for sm90 with Triton 3.6 on the CPU: 342 SASS per K step in the consumer loop for the gated 2 x 64-row
-tile (moe_gemm_kernel: 439), no spills at 80 registers a thread (results/cpu-issue28/README.md). Not yet run on a
-GPU: the registered backend triton_bitplace_gluon launches it, and triton_bitplace with
-MOE_CONFORMANCE_BITPLACE_GLUON=1 (off by default until an H200 run checks it against the conformance suites and
-times it: results/gpu-issue28/run-7).
+Compiled for sm90 with Triton 3.6: 343 SASS per K step in the consumer loop for the gated 2 x 64-row tile
+(moe_gemm_kernel: 439), no spills at 80 registers a thread. On the H200 (results/gpu-issue28/run-7, run-8): bit for
+bit with triton_bitplace, conformance, memcheck and synccheck clean, 10-13% faster than triton_bitplace at decode.
+TILES 2 (block_n 128): two consumer warpgroups a program on one ring, 384 threads, 2 programs a multiprocessor (16
+consumer warps against 12), the activation rows loaded once for both tiles; compiled (367 SASS a step, no spills
+at 96 / 104 registers), not yet run on a GPU (results/gpu-issue28/run-9).
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ SCALE_ROWS = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])  # the [1, 256] box 
 X_SMEM = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 X_LOAD = gl.BlockedLayout([1, 8], [2, 16], [1, 1], [1, 0])  # the producer warp: [16 rows, 128] bf16, 16 B a lane
 PRODUCER_WARPS = gl.constexpr(1)  # X_LOAD's warps; the ready barriers count a cp.async arrive from each thread
+# TILES 2: the second consumer warpgroup's registers (a worker partition's are fixed; the default partition, the
+# first consumer, gets what the launch's cap leaves: 3 maxnreg - SECOND_CONSUMER_REGS - 40 of 384 threads' worth)
+SECOND_CONSUMER_REGS = gl.constexpr(104)
 # _decode_tile's joined dims (warp, h, g, t, q, i2, i1, i0) to (warp, h, g, q, i2, i1, t, i0): row 16 warp + 8h + g,
 # column 32q + 16 i2 + 8 i1 + 2t + i0 (suites/test_fp4_bits.py replays the steps in torch with this order)
 DECODE_ORDER = gl.constexpr((0, 1, 2, 4, 5, 6, 3, 7))
@@ -97,9 +101,9 @@ def _decode_tile(codes, sbytes, DOT: gl.constexpr, ROWS3: gl.constexpr):
 
 
 @gluon.jit
-def _producer(codes_desc, scales_desc, a_ptr, sorted_rows_ptr, n_pairs, a_row_div, K, code_s, scale_s, x_s, ready,
-              empty, pid_m, code_row, scale_row, g_col, u_col, c_lo, c_hi, GATED: gl.constexpr, STAGES: gl.constexpr,
-              BM: gl.constexpr, XL: gl.constexpr):
+def _producer(codes_desc, scales_desc, a_ptr, sorted_rows_ptr, n_pairs, a_row_div, K, N_OUT, code_s, scale_s, x_s,
+              ready, empty, pid_m, code_row, scale_row, g_col0, c_lo, c_hi, GATED: gl.constexpr,
+              STAGES: gl.constexpr, TILES: gl.constexpr, BM: gl.constexpr, XL: gl.constexpr):
     pair = gl.load(sorted_rows_ptr + pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, XL)))
     cols = gl.arange(0, 128, layout=gl.SliceLayout(0, XL))
     x_ptrs = a_ptr + (pair // a_row_div).to(gl.int64)[:, None] * K + cols[None, :]
@@ -114,19 +118,25 @@ def _producer(codes_desc, scales_desc, a_ptr, sorted_rows_ptr, n_pairs, a_row_di
         # above its initial value, which synccheck reports as a barrier overflow and stops the kernel)
         _cp_async(x_s.index(s), x_ptrs + c * 128, mask=row_ok & (c * 128 + cols < K)[None, :])
         async_copy.mbarrier_arrive(ready.index(s), increment_count=False)
-        mbarrier.expect(ready.index(s), NB * (codes_desc.block_type.nbytes + scales_desc.block_type.nbytes))
-        _tma_load(codes_desc, [code_row + g_col // 2, c * 32], ready.index(s), code_s.index(NB * s))
-        _tma_load(scales_desc, [scale_row + c, g_col * 4], ready.index(s), scale_s.index(NB * s))
-        if GATED:
-            _tma_load(codes_desc, [code_row + u_col // 2, c * 32], ready.index(s), code_s.index(NB * s + 1))
-            _tma_load(scales_desc, [scale_row + c, u_col * 4], ready.index(s), scale_s.index(NB * s + 1))
+        mbarrier.expect(ready.index(s), TILES * NB * (codes_desc.block_type.nbytes + scales_desc.block_type.nbytes))
+        for j in gl.static_range(TILES):  # the activation rows once, the weights of every 64-row tile
+            g_col = g_col0 + 64 * j  # past N_OUT (the second tile of the last program): rows that are not stored
+            slot = (s * TILES + j) * NB
+            _tma_load(codes_desc, [code_row + g_col // 2, c * 32], ready.index(s), code_s.index(slot))
+            _tma_load(scales_desc, [scale_row + c, g_col * 4], ready.index(s), scale_s.index(slot))
+            if GATED:
+                u_col = g_col + N_OUT
+                _tma_load(codes_desc, [code_row + u_col // 2, c * 32], ready.index(s), code_s.index(slot + 1))
+                _tma_load(scales_desc, [scale_row + c, u_col * 4], ready.index(s), scale_s.index(slot + 1))
 
 
 @gluon.jit
-def _consumer(code_s, scale_s, x_s, ready, empty, c_lo, c_hi, GATED: gl.constexpr, STAGES: gl.constexpr,
+def _consumer(code_s, scale_s, x_s, ready, empty, c_lo, c_hi, out_ptr, sorted_rows_ptr, n_pairs, N_OUT, pid_m, pid_s,
+              g_col, TILE: gl.constexpr, TILES: gl.constexpr, GATED: gl.constexpr, STAGES: gl.constexpr,
               BM: gl.constexpr, ACC_L: gl.constexpr, DOT: gl.constexpr, PAIRS: gl.constexpr, ROWS3: gl.constexpr,
               SVIEW: gl.constexpr, OVERLAP: gl.constexpr):
-    """OVERLAP 0: the up tile's decode overlaps the gate tile's MMA, each step waits for its MMAs; 1: both tiles
+    """One warpgroup's 64-row tile TILE of the program's TILES (its slots of the ring, its partial sums).
+    OVERLAP 0: the up tile's decode overlaps the gate tile's MMA, each step waits for its MMAs; 1: both tiles
     decoded before either MMA (two independent instruction chains for the scheduler), each step waits; 2: as 1,
     and a step's MMAs run on during the next step's decode (its slot is released one step later)."""
     NB: gl.constexpr = 2 if GATED else 1
@@ -136,15 +146,15 @@ def _consumer(code_s, scale_s, x_s, ready, empty, c_lo, c_hi, GATED: gl.constexp
     for i in range(c_hi - c_lo):
         s = i % STAGES
         mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-        wg = _decode_tile(code_s.index(NB * s).load(PAIRS), _scale_bytes(scale_s.index(NB * s), SL, SVIEW), DOT,
-                          ROWS3)
+        slot = (s * TILES + TILE) * NB
+        wg = _decode_tile(code_s.index(slot).load(PAIRS), _scale_bytes(scale_s.index(slot), SL, SVIEW), DOT, ROWS3)
         xt = x_s.index(s).permute((1, 0))
         if OVERLAP == 0:
             fence_async_shared()  # the activation rows came by cp.async (generic proxy); wgmma reads them (async)
             acc_g = warpgroup_mma(wg, xt, acc_g, is_async=True)
             if GATED:
-                wu = _decode_tile(code_s.index(NB * s + 1).load(PAIRS),
-                                  _scale_bytes(scale_s.index(NB * s + 1), SL, SVIEW), DOT, ROWS3)
+                wu = _decode_tile(code_s.index(slot + 1).load(PAIRS), _scale_bytes(scale_s.index(slot + 1), SL, SVIEW),
+                                  DOT, ROWS3)
                 acc_u = warpgroup_mma(wu, xt, acc_u, is_async=True)
                 acc_g, acc_u, wg, wu = warpgroup_mma_wait(0, deps=[acc_g, acc_u, wg, wu])
             else:
@@ -152,8 +162,8 @@ def _consumer(code_s, scale_s, x_s, ready, empty, c_lo, c_hi, GATED: gl.constexp
             mbarrier.arrive(empty.index(s))  # the slot's codes, scales and rows are read: the producer may refill
         else:
             if GATED:
-                wu = _decode_tile(code_s.index(NB * s + 1).load(PAIRS),
-                                  _scale_bytes(scale_s.index(NB * s + 1), SL, SVIEW), DOT, ROWS3)
+                wu = _decode_tile(code_s.index(slot + 1).load(PAIRS), _scale_bytes(scale_s.index(slot + 1), SL, SVIEW),
+                                  DOT, ROWS3)
             fence_async_shared()
             acc_g = warpgroup_mma(wg, xt, acc_g, is_async=True)
             if GATED:
@@ -170,16 +180,24 @@ def _consumer(code_s, scale_s, x_s, ready, empty, c_lo, c_hi, GATED: gl.constexp
             else:
                 mbarrier.arrive(empty.index(s))
     acc_g, acc_u = warpgroup_mma_wait(0, deps=[acc_g, acc_u])
-    return acc_g, acc_u
+    pair = gl.load(sorted_rows_ptr + pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, ACC_L)))
+    n = g_col + gl.arange(0, 64, layout=gl.SliceLayout(1, ACC_L))
+    part = ((pid_s * n_pairs + pair.to(gl.int64))[None, :] * 2) * N_OUT + n[:, None]
+    mask = (pair < n_pairs)[None, :] & (n < N_OUT)[:, None]
+    gl.store(out_ptr + part, acc_g, mask=mask)
+    if GATED:
+        gl.store(out_ptr + part + N_OUT, acc_u, mask=mask)
 
 
 @gluon.jit
 def bitplace_partials_kernel(codes_desc, scales_desc, a_ptr, out_ptr, sorted_rows_ptr, block_expert_ptr, n_pairs,
                              a_row_div, N_OUT, N_ROWS, K, chunks, GATED: gl.constexpr, STAGES: gl.constexpr,
-                             SPLIT_K: gl.constexpr, OVERLAP: gl.constexpr, ACC_L: gl.constexpr, DOT: gl.constexpr, PAIRS: gl.constexpr,
-                             ROWS3: gl.constexpr, SVIEW: gl.constexpr, XS: gl.constexpr, XL: gl.constexpr):
+                             SPLIT_K: gl.constexpr, OVERLAP: gl.constexpr, TILES: gl.constexpr, ACC_L: gl.constexpr,
+                             DOT: gl.constexpr, PAIRS: gl.constexpr, ROWS3: gl.constexpr, SVIEW: gl.constexpr,
+                             XS: gl.constexpr, XL: gl.constexpr):
     """fp32 partial sums [SPLIT_K, pairs, 2, N_OUT] of expert block program_id(0) (16 pairs), output rows
-    64 program_id(1) .. + 63 (gate; up N_OUT rows on when GATED), K chunks of share program_id(2)."""
+    64 TILES program_id(1) .. + 64 TILES - 1 (gate; up N_OUT rows on when GATED), K chunks of share program_id(2).
+    TILES 2: two consumer warpgroups, a 64-row tile each, on one ring (the activation rows loaded once)."""
     pid_m = gl.program_id(0)
     pid_n = gl.program_id(1)
     pid_s = gl.program_id(2)
@@ -189,31 +207,39 @@ def bitplace_partials_kernel(codes_desc, scales_desc, a_ptr, out_ptr, sorted_row
         per = gl.cdiv(chunks, SPLIT_K)
         c_lo = pid_s * per
         c_hi = gl.minimum(c_lo + per, chunks)
-        g_col = pid_n * 64  # the tile's first gate row (row pairs: the gate rows, then the up rows)
-        u_col = g_col + N_OUT
+        g_col = pid_n * (64 * TILES)  # the first tile's first gate row (row pairs: the gate rows, then the up rows)
         NB: gl.constexpr = 2 if GATED else 1
-        code_s = gl.allocate_shared_memory(gl.int32, [STAGES * NB, 32, 32], codes_desc.layout)
-        scale_s = gl.allocate_shared_memory(gl.uint8, [STAGES * NB, 1, 256], scales_desc.layout)
+        code_s = gl.allocate_shared_memory(gl.int32, [STAGES * TILES * NB, 32, 32], codes_desc.layout)
+        scale_s = gl.allocate_shared_memory(gl.uint8, [STAGES * TILES * NB, 1, 256], scales_desc.layout)
         x_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, 128], XS)
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for s in gl.static_range(STAGES):
             mbarrier.init(ready.index(s), count=32 * PRODUCER_WARPS + 1)  # a cp.async arrive a thread, expect's
-            mbarrier.init(empty.index(s), count=1)
-        acc_g, acc_u = gl.warp_specialize(
-            [(_consumer, (code_s, scale_s, x_s, ready, empty, c_lo, c_hi, GATED, STAGES, BM, ACC_L, DOT, PAIRS, ROWS3,
-                          SVIEW, OVERLAP)),
-             (_producer, (codes_desc, scales_desc, a_ptr, sorted_rows_ptr, n_pairs, a_row_div, K, code_s, scale_s,
-                          x_s, ready, empty, pid_m, expert * (N_ROWS // 2), expert * chunks, g_col, u_col, c_lo, c_hi,
-                          GATED, STAGES, BM, XL))],
-            [PRODUCER_WARPS], [40])
-        pair = gl.load(sorted_rows_ptr + pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, ACC_L)))
-        n = g_col + gl.arange(0, 64, layout=gl.SliceLayout(1, ACC_L))
-        part = ((pid_s * n_pairs + pair.to(gl.int64))[None, :] * 2) * N_OUT + n[:, None]
-        mask = (pair < n_pairs)[None, :] & (n < N_OUT)[:, None]
-        gl.store(out_ptr + part, acc_g, mask=mask)
-        if GATED:
-            gl.store(out_ptr + part + N_OUT, acc_u, mask=mask)
+            mbarrier.init(empty.index(s), count=TILES)  # each consumer warpgroup releases the slot
+        code_row = expert * (N_ROWS // 2)
+        scale_row = expert * chunks
+        if TILES == 1:
+            gl.warp_specialize(
+                [(_consumer, (code_s, scale_s, x_s, ready, empty, c_lo, c_hi, out_ptr, sorted_rows_ptr, n_pairs,
+                              N_OUT, pid_m, pid_s, g_col, 0, TILES, GATED, STAGES, BM, ACC_L, DOT, PAIRS, ROWS3,
+                              SVIEW, OVERLAP)),
+                 (_producer, (codes_desc, scales_desc, a_ptr, sorted_rows_ptr, n_pairs, a_row_div, K, N_OUT, code_s,
+                              scale_s, x_s, ready, empty, pid_m, code_row, scale_row, g_col, c_lo, c_hi, GATED,
+                              STAGES, TILES, BM, XL))],
+                [PRODUCER_WARPS], [40])
+        else:
+            gl.warp_specialize(
+                [(_consumer, (code_s, scale_s, x_s, ready, empty, c_lo, c_hi, out_ptr, sorted_rows_ptr, n_pairs,
+                              N_OUT, pid_m, pid_s, g_col, 0, TILES, GATED, STAGES, BM, ACC_L, DOT, PAIRS, ROWS3,
+                              SVIEW, OVERLAP)),
+                 (_consumer, (code_s, scale_s, x_s, ready, empty, c_lo, c_hi, out_ptr, sorted_rows_ptr, n_pairs,
+                              N_OUT, pid_m, pid_s, g_col + 64, 1, TILES, GATED, STAGES, BM, ACC_L, DOT, PAIRS, ROWS3,
+                              SVIEW, OVERLAP)),
+                 (_producer, (codes_desc, scales_desc, a_ptr, sorted_rows_ptr, n_pairs, a_row_div, K, N_OUT, code_s,
+                              scale_s, x_s, ready, empty, pid_m, code_row, scale_row, g_col, c_lo, c_hi, GATED,
+                              STAGES, TILES, BM, XL))],
+                [4, PRODUCER_WARPS], [SECOND_CONSUMER_REGS, 40])
 
 
 def scales_by_chunk(scales, n_rows: int, chunks: int):
@@ -227,10 +253,11 @@ def scales_by_chunk(scales, n_rows: int, chunks: int):
 
 def launch_bitplace_partials(launcher, codes, scales_t, a, partials, sorted_rows, block_expert, n_pairs: int,
                              a_row_div: int, n_out: int, n_rows: int, k_dim: int, gated: bool, split_k: int,
-                             stages: int, maxnreg: int, overlap: int = 0):
+                             stages: int, maxnreg: int, overlap: int = 0, tiles: int = 1):
     """One launch of bitplace_partials_kernel through `launcher` (triton_kernels' attribute, so that
     compile_check can record it): codes [E, N_ROWS, chunks * 64] bytes (rows in pairs), scales_t from
-    scales_by_chunk, partials fp32 [split_k, n_pairs, 2, n_out]; overlap: the consumer's schedule (_consumer)."""
+    scales_by_chunk, partials fp32 [split_k, n_pairs, 2, n_out]; overlap: the consumer's schedule (_consumer);
+    tiles: 64-row tiles (consumer warpgroups) a program, 1 or 2."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     e = codes.shape[0]
@@ -238,8 +265,8 @@ def launch_bitplace_partials(launcher, codes, scales_t, a, partials, sorted_rows
     codes_desc = TensorDescriptor.from_tensor(codes.view(e * n_rows // 2, chunks * 128).view(torch.int32),
                                               CODE_BOX, CODE_SMEM)
     scales_desc = TensorDescriptor.from_tensor(scales_t, SCALE_BOX, SCALE_SMEM)
-    grid = (block_expert.numel(), -(-n_out // 64), split_k)
+    grid = (block_expert.numel(), -(-n_out // (64 * tiles)), split_k)
     return launcher[grid](codes_desc, scales_desc, a, partials, sorted_rows, block_expert, n_pairs, a_row_div, n_out,
                           n_rows, k_dim, chunks, GATED=gated, STAGES=stages, SPLIT_K=split_k, OVERLAP=overlap,
-                          ACC_L=ACC, DOT=DOT_A, PAIRS=CODE_PAIRS, ROWS3=CODE_ROWS, SVIEW=SCALE_ROWS, XS=X_SMEM,
-                          XL=X_LOAD, num_warps=4, maxnreg=maxnreg)
+                          TILES=tiles, ACC_L=ACC, DOT=DOT_A, PAIRS=CODE_PAIRS, ROWS3=CODE_ROWS, SVIEW=SCALE_ROWS,
+                          XS=X_SMEM, XL=X_LOAD, num_warps=4, maxnreg=maxnreg)

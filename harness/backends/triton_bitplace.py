@@ -126,9 +126,12 @@ class TritonBitplaceBackend(TritonEmulationBackend):
         scales = prep.extras.get(f"{which}_scale_by_chunk")
         # the Gluon kernel's contract: bf16 activations (no scale), 16-pair blocks, TMA strides of whole 16 bytes
         # (scale rows of n_rows x 4 bytes), 16-byte activation rows for cp.async, gate and up rows in whole pairs
-        # (n_rows >= 64: every TMA box lies within its tensor's extent on the smallest test models too)
+        # (n_rows >= 64: every TMA box lies within its tensor's extent on the smallest test models too; with two
+        # 64-row tiles a program (block_n 128) the last program's second tile may lie past N_OUT, where TMA fills
+        # zeros and no row is stored), one or two warpgroups' tiles of 4 warps each
         if (scales is None or a_mode or quantize_nvfp4 is not None or tiles["block_m"] != 16 or n_rows % 4
-                or n_rows < 64 or k_dim % 16 or n_out % 2):
+                or n_rows < 64 or k_dim % 16 or n_out % 2 or tiles["block_n"] not in (64, 128)
+                or tiles["num_warps"] != 4):
             return None
         from .gluon_kernels import launch_bitplace_partials
 
@@ -137,13 +140,14 @@ class TritonBitplaceBackend(TritonEmulationBackend):
         # the ring's depth and the launch's register cap from the tiles (tools/tune_moe.py sweeps them)
         stages, maxnreg = max(2, tiles["num_stages"]), tiles.get("maxnreg") or GLUON_MAXNREG
         overlap = tiles.get("mma_overlap", GLUON_OVERLAP)
+        per_program = tiles["block_n"] // 64  # 64-row tiles a program: one consumer warpgroup each
 
         def run(a, partials, sorted_rows, block_expert, n_pairs, a_row_div, n_out, n_rows, k_dim, gated, split_k):
             if a.data_ptr() % 16 or a.stride() != (k_dim, 1):  # cp.async moves 16-byte runs of whole rows: a view
                 a = a.clone(memory_format=torch.contiguous_format)  # at an odd offset goes through a fresh copy
             return launch_bitplace_partials(triton_kernels.bitplace_partials_kernel, codes, scales, a, partials,
                                             sorted_rows, block_expert, n_pairs, a_row_div, n_out, n_rows, k_dim,
-                                            gated, split_k, stages, maxnreg, overlap)
+                                            gated, split_k, stages, maxnreg, overlap, per_program)
         return run
 
 
@@ -275,6 +279,9 @@ GLUON_MAXNREG = 80
 # gate tile's; 1 both tiles decoded first; 2 as 1 with a step's MMAs running on under the next step's decode
 # (MOE_CONFORMANCE_GLUON_OVERLAP: another default, for A/B runs of the suites and sanitizers)
 GLUON_OVERLAP = int(os.environ.get("MOE_CONFORMANCE_GLUON_OVERLAP", "0"))
+# its rows a program at decode: 64 (one consumer warpgroup) or 128 (two on one ring, not yet timed: run-9);
+# MOE_CONFORMANCE_GLUON_BLOCK_N=128 for A/B runs of the suites, sanitizers and make bench
+GLUON_BLOCK_N = int(os.environ.get("MOE_CONFORMANCE_GLUON_BLOCK_N", "64"))
 
 
 class TritonBitplaceGluonBackend(TritonBitplaceBackend):
@@ -290,6 +297,7 @@ class TritonBitplaceGluonBackend(TritonBitplaceBackend):
         tiles = super().tile_config(n_pairs, weight_kind)
         if self.tiles is None and tiles["block_m"] == 16:  # the decode row: a 4-deep ring (51 KB, 3 programs an SM)
             tiles["num_stages"] = GLUON_STAGES
+            tiles["block_n"] = GLUON_BLOCK_N
             if "split_k_programs" in tiles:
                 tiles["split_k_programs"] = GLUON_SPLIT_K_PROGRAMS
         return tiles
