@@ -17,8 +17,8 @@ Compiled for sm90 with Triton 3.6: 343 SASS per K step in the consumer loop for 
 (moe_gemm_kernel: 439), no spills at 80 registers a thread. On the H200 (results/gpu-issue28/run-7, run-8): bit for
 bit with triton_bitplace, conformance, memcheck and synccheck clean, 10-13% faster than triton_bitplace at decode.
 TILES 2 (block_n 128): two consumer warpgroups a program on one ring, 384 threads, 2 programs a multiprocessor (16
-consumer warps against 12), the activation rows loaded once for both tiles; compiled (367 SASS a step, no spills
-at 96 / 104 registers), not yet run on a GPU (results/gpu-issue28/run-9).
+consumer warps against 12), the activation rows loaded once for both tiles; bit for bit on the H200 but 2-8% slower
+from 8 tokens on (results/gpu-issue28/run-9), so a launch parameter, not the default.
 """
 
 from __future__ import annotations

@@ -279,7 +279,8 @@ GLUON_MAXNREG = 80
 # gate tile's; 1 both tiles decoded first; 2 as 1 with a step's MMAs running on under the next step's decode
 # (MOE_CONFORMANCE_GLUON_OVERLAP: another default, for A/B runs of the suites and sanitizers)
 GLUON_OVERLAP = int(os.environ.get("MOE_CONFORMANCE_GLUON_OVERLAP", "0"))
-# its rows a program at decode: 64 (one consumer warpgroup) or 128 (two on one ring, not yet timed: run-9);
+# its rows a program at decode: 64 (one consumer warpgroup) or 128 (two on one ring: bit for bit, 2-8% slower from
+# 8 tokens on, faster only at Kimi-K2 one token, results/gpu-issue28/run-9);
 # MOE_CONFORMANCE_GLUON_BLOCK_N=128 for A/B runs of the suites, sanitizers and make bench
 GLUON_BLOCK_N = int(os.environ.get("MOE_CONFORMANCE_GLUON_BLOCK_N", "64"))
 

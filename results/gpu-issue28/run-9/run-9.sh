@@ -1,7 +1,7 @@
 #!/bin/bash
 # Issue 28 run-9 (written in session 18 for the next loan; H200, carry .third_party):
 #   PART=check bash results/gpu-issue28/run-9/run-9.sh   (~4 min; PART=smoke: its first step alone)
-#   PART=tune  bash results/gpu-issue28/run-9/run-9.sh   (~3 min)
+#   PART=tune  bash results/gpu-issue28/run-9/run-9.sh   (~3 min; PART=tune-quick: the 22-s subset session 18 ran)
 #   PART=bench bash results/gpu-issue28/run-9/run-9.sh   (~3 min)
 # The Gluon decode GEMM with two consumer warpgroups a program (block_n 128, TILES 2: 384 threads, 2 programs and 16
 # consumer warps a multiprocessor against 12; the activation rows loaded once for both 64-row tiles), compiled on
@@ -54,6 +54,13 @@ PY
     echo "$tool: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' $OUT/$tool.log | tail -1)"
     grep -E "^========= +(Error|Barrier|Invalid|and|at )" $OUT/$tool.log | sort | uniq -c | sort -rn | head -6
   done
+  ;;
+tune-quick)
+  # what session 18's last 2 device minutes ran: block_n 64 / 128 at 4 slots, schedule 0, split 1 / 2
+  mkdir -p $OUT/tune && OUT=$OUT/tune timeout 110 python3 tools/tune_moe.py --case gpt-oss-120b/w_mxfp4/triton_bitplace_gluon \
+    --case kimi-k2/w_mxfp4/triton_bitplace_gluon --tokens 1 8 64 --where num_stages=4 --where split_k=1,2 \
+    --where mma_overlap=0 > $OUT/tune.log 2>&1
+  echo rc=$?; grep -E "T=|best" $OUT/tune.log
   ;;
 tune)
   t0=$(date +%s); mkdir -p $OUT/tune
