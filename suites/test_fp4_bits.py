@@ -461,7 +461,7 @@ def test_the_gluon_gemm_takes_exactly_the_launches_its_contract_covers(monkeypat
     a multiple of 16, odd N, small N_ROWS, N tiles other than one or two warpgroups' 64 rows and 8-warp tiles go
     to moe_gemm_kernel; triton_bitplace without the switch never."""
     from harness.backends import triton_kernels as K
-    from harness.backends.triton_bitplace import TritonBitplaceBackend, TritonBitplaceGluonBackend
+    from harness.backends.triton_bitplace import GLUON_MAXNREG, TritonBitplaceBackend, TritonBitplaceGluonBackend
     from reference.checkpoints import make_checkpoint
 
     monkeypatch.setattr(K, "INTERPRET", False)  # prepare() then lays out the kernel's per-chunk scale copy
@@ -480,3 +480,13 @@ def test_the_gluon_gemm_takes_exactly_the_launches_its_contract_covers(monkeypat
                     takes(decode, n_out=127), takes(decode, n_rows=254), takes(decode, n_rows=32),
                     takes(dict(decode, block_n=256)), takes(dict(decode, num_warps=8))])
     assert plain._partials_kernel(plain.prepare(ckpt), "w13", 0, decode, None, 128, 256, 256) is None
+    # the launch parameters each GEMM's launch takes: GEMM2's schedule and N tile where they differ from GEMM1's
+    from harness.backends import gluon_kernels
+
+    seen = []
+    monkeypatch.setattr(gluon_kernels, "launch_bitplace_partials", lambda *args: seen.append(args[-4:]))
+    tiles = dict(decode, num_stages=3, mma_overlap=1, w2_mma_overlap=2, w2_block_n=128)
+    for which in ("w13", "w2"):
+        run = gluon._partials_kernel(prep, which, 0, tiles, None, 128, 256, 256)
+        run(torch.zeros(2, 256, dtype=torch.bfloat16), None, None, None, 2, 1, 128, 256, 256, which == "w13", 1)
+    assert seen == [(3, GLUON_MAXNREG, 1, 1), (3, GLUON_MAXNREG, 2, 2)], seen

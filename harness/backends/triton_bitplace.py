@@ -129,9 +129,9 @@ class TritonBitplaceBackend(TritonEmulationBackend):
         # (n_rows >= 64: every TMA box lies within its tensor's extent on the smallest test models too; with two
         # 64-row tiles a program (block_n 128) the last program's second tile may lie past N_OUT, where TMA fills
         # zeros and no row is stored), one or two warpgroups' tiles of 4 warps each
+        block_n = tiles.get(f"{which}_block_n") or tiles["block_n"]
         if (scales is None or a_mode or quantize_nvfp4 is not None or tiles["block_m"] != 16 or n_rows % 4
-                or n_rows < 64 or k_dim % 16 or n_out % 2 or tiles["block_n"] not in (64, 128)
-                or tiles["num_warps"] != 4):
+                or n_rows < 64 or k_dim % 16 or n_out % 2 or block_n not in (64, 128) or tiles["num_warps"] != 4):
             return None
         from .gluon_kernels import launch_bitplace_partials
 
@@ -139,8 +139,8 @@ class TritonBitplaceBackend(TritonEmulationBackend):
 
         # the ring's depth and the launch's register cap from the tiles (tools/tune_moe.py sweeps them)
         stages, maxnreg = max(2, tiles["num_stages"]), tiles.get("maxnreg") or GLUON_MAXNREG
-        overlap = tiles.get("mma_overlap", GLUON_OVERLAP)
-        per_program = tiles["block_n"] // 64  # 64-row tiles a program: one consumer warpgroup each
+        overlap = tiles.get(f"{which}_mma_overlap", tiles.get("mma_overlap", GLUON_OVERLAP))  # GEMM2's may differ
+        per_program = block_n // 64  # 64-row tiles a program: one consumer warpgroup each
 
         def run(a, partials, sorted_rows, block_expert, n_pairs, a_row_div, n_out, n_rows, k_dim, gated, split_k):
             if a.data_ptr() % 16 or a.stride() != (k_dim, 1):  # cp.async moves 16-byte runs of whole rows: a view

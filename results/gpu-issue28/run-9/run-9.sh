@@ -10,7 +10,8 @@
 # check: bit for bit against triton_bitplace at gpt-oss-120b's and Kimi-K2's sizes (the second tile past N_OUT on
 # gpt-oss's 2880 rows: TMA's zero fill), conformance with block_n 128 the decode default, the sanitizers (whose
 # cases include block_n 128 unsplit and split 3).
-# tune: block_n 64 / 128 x ring 3 / 4 / 6 x split 1 / 2 x schedule 0 / 1 / 2 at 1 / 8 / 64 tokens.
+# tune: ring 3 / 4 / 6 x split 1 / 2 x schedule 0 / 1 / 2 x GEMM2's schedule 0 / 2 (w2_mma_overlap) at 1 / 8 / 64
+# tokens (block_n 128 left the grid after tune-quick).
 # bench: make bench's Gluon rows with block_n 64 (the default) and 128, one after the other.
 export PYTHONUNBUFFERED=1
 HOST=$(python3 -m harness platforms --host)
