@@ -90,6 +90,19 @@ def main() -> int:
         out = backend.forward(prep, x.cuda(), w.cuda(), ids.cuda())
         torch.cuda.synchronize()
         print(backend.name, scheme, act, "K tail", tuple(out.shape), bool(torch.isfinite(out).all()))
+    # the Gluon kernel's GEMM2 two steps an iteration (schedule 1, ungated): 3 chunks, a pair and the odd one;
+    # split 2 ways, 2 and 1
+    steps = Shape(num_experts=4, hidden_size=192, intermediate_size=384, tokens=7, top_k=2)
+    for split in (1, 2):
+        backend = _bitplace(gluon=True).configure(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=2,
+                                                  split_k=split, mma_overlap=1)
+        ckpt = make_checkpoint("w_mxfp4", "SWIGLUOAI", steps.num_experts, steps.hidden_size,
+                               steps.intermediate_size, seed=1, with_bias=True)
+        x, w, ids = case_inputs(steps, 1)
+        out = backend.forward(backend.prepare(ckpt), x.cuda(), w.cuda(), ids.cuda())
+        torch.cuda.synchronize()
+        print(backend.name, "gluon GEMM2 two steps an iteration, split", split, tuple(out.shape),
+              bool(torch.isfinite(out).all()))
     x = torch.randn(33, 128, device="cuda")
     b.quantize_mx(x, E2M1, ScaleMode.RCEIL)
     b.quantize_nvfp4(x, torch.tensor(0.01))

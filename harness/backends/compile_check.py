@@ -121,6 +121,8 @@ def main(argv=None) -> int:
     ap.add_argument("--skip", action="append", default=[], metavar="KERNEL", help="record, but do not compile")
     ap.add_argument("--configure", action="append", default=[], metavar="KEY=INT",
                     help="launch parameters for every case (backend.configure: tiles and schedules)")
+    ap.add_argument("--intermediate", type=int, default=128,
+                    help="the experts' intermediate size (GEMM2's K: 128 is one chunk, which the compiler folds)")
     args = ap.parse_args(argv)
     params = dict(kv.split("=", 1) for kv in args.configure)
     seen, failed = set(), 0
@@ -130,7 +132,7 @@ def main(argv=None) -> int:
         backend.device = "cpu"
         if params:
             backend.configure(**{k: int(v) for k, v in params.items()})
-        ckpt = make_checkpoint(scheme, activation, 8, 256, 128, seed=0, with_bias=True)
+        ckpt = make_checkpoint(scheme, activation, 8, 256, args.intermediate, seed=0, with_bias=True)
         for tokens in args.tokens:
             g = torch.Generator().manual_seed(tokens)
             x = torch.randn(tokens, 256, generator=g).to(torch.bfloat16)

@@ -136,14 +136,42 @@ def _consumer(code_s, scale_s, x_s, ready, empty, c_lo, c_hi, out_ptr, sorted_ro
               BM: gl.constexpr, ACC_L: gl.constexpr, DOT: gl.constexpr, PAIRS: gl.constexpr, ROWS3: gl.constexpr,
               SVIEW: gl.constexpr, OVERLAP: gl.constexpr):
     """One warpgroup's 64-row tile TILE of the program's TILES (its slots of the ring, its partial sums).
-    OVERLAP 0: the up tile's decode overlaps the gate tile's MMA, each step waits for its MMAs; 1: both tiles
-    decoded before either MMA (two independent instruction chains for the scheduler), each step waits; 2: as 1,
-    and a step's MMAs run on during the next step's decode (its slot is released one step later)."""
+    OVERLAP 0: the up tile's decode overlaps the gate tile's MMA, each step waits for its MMAs; 1: two tiles
+    decoded before their MMAs (two independent instruction chains for the scheduler; ungated, one tile a step, the
+    tiles of two steps), each step waits; 2: as 1 gated, and a step's MMAs run on during the next step's decode
+    (its slot is released one step later)."""
     NB: gl.constexpr = 2 if GATED else 1
     SL: gl.constexpr = gl.SliceLayout(1, ROWS3)
     acc_g = gl.zeros([64, BM], gl.float32, ACC_L)
     acc_u = gl.zeros([64, BM], gl.float32, ACC_L)
-    for i in range(c_hi - c_lo):
+    n_steps = c_hi - c_lo
+    PAIRED: gl.constexpr = OVERLAP * 2 + NB == 3  # schedule 1, ungated
+    if PAIRED:  # two steps an iteration (the ring holds at least two slots), the odd one last
+        for i2 in range(n_steps // 2):
+            s0 = (2 * i2) % STAGES
+            s1 = (2 * i2 + 1) % STAGES
+            mbarrier.wait(ready.index(s0), ((2 * i2) // STAGES) & 1)
+            mbarrier.wait(ready.index(s1), ((2 * i2 + 1) // STAGES) & 1)
+            w0 = _decode_tile(code_s.index(s0 * TILES + TILE).load(PAIRS),
+                              _scale_bytes(scale_s.index(s0 * TILES + TILE), SL, SVIEW), DOT, ROWS3)
+            w1 = _decode_tile(code_s.index(s1 * TILES + TILE).load(PAIRS),
+                              _scale_bytes(scale_s.index(s1 * TILES + TILE), SL, SVIEW), DOT, ROWS3)
+            fence_async_shared()
+            acc_g = warpgroup_mma(w0, x_s.index(s0).permute((1, 0)), acc_g, is_async=True)
+            acc_g = warpgroup_mma(w1, x_s.index(s1).permute((1, 0)), acc_g, is_async=True)
+            acc_g, w0, w1 = warpgroup_mma_wait(0, deps=[acc_g, w0, w1])
+            mbarrier.arrive(empty.index(s0))
+            mbarrier.arrive(empty.index(s1))
+        if n_steps % 2 == 1:
+            s = (n_steps - 1) % STAGES
+            mbarrier.wait(ready.index(s), ((n_steps - 1) // STAGES) & 1)
+            w0 = _decode_tile(code_s.index(s * TILES + TILE).load(PAIRS),
+                              _scale_bytes(scale_s.index(s * TILES + TILE), SL, SVIEW), DOT, ROWS3)
+            fence_async_shared()
+            acc_g = warpgroup_mma(w0, x_s.index(s).permute((1, 0)), acc_g, is_async=True)
+            acc_g, w0 = warpgroup_mma_wait(0, deps=[acc_g, w0])
+            mbarrier.arrive(empty.index(s))
+    for i in range(0 if PAIRED else n_steps):
         s = i % STAGES
         mbarrier.wait(ready.index(s), (i // STAGES) & 1)
         slot = (s * TILES + TILE) * NB

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Issue 28 run-9 (written in session 18 for the next loan; H200, carry .third_party):
-#   PART=check bash results/gpu-issue28/run-9/run-9.sh   (~4 min; PART=smoke: its first step alone)
+#   PART=check bash results/gpu-issue28/run-9/run-9.sh   (~5 min; PART=smoke: its first step alone, ~2.5 min)
 #   PART=tune  bash results/gpu-issue28/run-9/run-9.sh   (~3 min; PART=tune-quick: the 22-s subset session 18 ran)
 #   PART=bench bash results/gpu-issue28/run-9/run-9.sh   (~3 min)
 # The Gluon decode GEMM with two consumer warpgroups a program (block_n 128, TILES 2: 384 threads, 2 programs and 16
@@ -10,14 +10,15 @@
 # check: bit for bit against triton_bitplace at gpt-oss-120b's and Kimi-K2's sizes (the second tile past N_OUT on
 # gpt-oss's 2880 rows: TMA's zero fill), conformance with block_n 128 the decode default, the sanitizers (whose
 # cases include block_n 128 unsplit and split 3).
-# tune: ring 3 / 4 / 6 x split 1 / 2 x schedule 0 / 1 / 2 x GEMM2's schedule 0 / 2 (w2_mma_overlap) at 1 / 8 / 64
-# tokens (block_n 128 left the grid after tune-quick).
+# tune: ring 3 / 4 / 6 x split 1 / 2 x GEMM1's schedule 0 / 1 x GEMM2's 0 / 1 / 2 (w2_mma_overlap; 1 pairs two K
+# steps an iteration: 140 SASS a step against 188, counted for sm90) at 1 / 8 / 64 tokens (block_n 128 left the grid
+# after tune-quick).
 # bench: make bench's Gluon rows with block_n 64 (the default) and 128, one after the other.
 export PYTHONUNBUFFERED=1
 HOST=$(python3 -m harness platforms --host)
 case "${PART:-check}" in
 check|smoke)
-  timeout 150 python3 - > $OUT/smoke.log 2>&1 <<'PY'
+  timeout 220 python3 - > $OUT/smoke.log 2>&1 <<'PY'
 import torch
 from harness.backends import load_backend
 from harness.bench import MODEL_SHAPES, routed_inputs
@@ -34,13 +35,16 @@ for model in ("gpt-oss-120b", "kimi-k2"):
         ids = torch.randn(t, 8, generator=torch.Generator().manual_seed(t)).topk(shape.top_k).indices.cuda()
         for split in (1, 3):
             want = ref.configure(**tiles, block_n=64, num_stages=3, split_k=split).forward(prep, x, w.float(), ids)
-            for overlap in (0, 2):
+            # two consumer warpgroups (block_n 128); GEMM2 two steps an iteration (schedule 1: 23 chunks on
+            # gpt-oss, an odd one last; 16 on Kimi-K2; split 3 ways 8 / 8 / 7 and 6 / 6 / 4)
+            for block_n, overlap in ((128, 0), (128, 2), (64, 1)):
                 for stages in (2, 4):
-                    got = g.configure(**tiles, block_n=128, num_stages=stages, mma_overlap=overlap,
+                    got = g.configure(**tiles, block_n=block_n, num_stages=stages, mma_overlap=overlap,
                                       split_k=split).forward(gp, x, w.float(), ids)
                     torch.cuda.synchronize()
                     same = torch.equal(got.view(torch.int16), want.view(torch.int16))
-                    print(f"{model} T={t} split {split} overlap {overlap} stages {stages}: bit for bit {same}; "
+                    print(f"{model} T={t} split {split} block_n {block_n} overlap {overlap} stages {stages}: "
+                          f"bit for bit {same}; "
                           f"max |diff| {(got.float() - want.float()).abs().max().item():.3g}", flush=True)
 PY
   echo "smoke: rc=$? $(grep -c 'bit for bit True' $OUT/smoke.log) True, $(grep -c 'bit for bit False' $OUT/smoke.log) False"
