@@ -276,9 +276,10 @@ GLUON_SPLIT_K_PROGRAMS = 256
 # 40 (24 idle): no spills (64 fits 4 programs, the consumer's loop at 88: tools/tune_moe.py sweeps both)
 GLUON_MAXNREG = 80
 # the consumer's schedule (gluon_kernels._consumer): 0 each step waits for its MMAs, the up tile decoded under the
-# gate tile's; 1 both tiles decoded first (GEMM2, ungated: two K steps an iteration, 140 SASS a step against 188 at
-# gpt-oss-120b's sizes, counted for sm90, not yet timed); 2 as 1 with a step's MMAs running on under the next
-# step's decode. 0 fastest at 5 of 6 points of run-8's sweep (both GEMMs alike, before GEMM2's 1 paired steps)
+# gate tile's; 1 both tiles decoded first (GEMM2, ungated: two K steps an iteration, two independent decode chains,
+# 365 SASS per two steps against 188 a step at gpt-oss-120b's sizes, counted for sm90, not yet timed); 2 as 1 with
+# a step's MMAs running on under the next step's decode. 0 fastest at 5 of 6 points of run-8's sweep (both GEMMs
+# alike, before GEMM2's schedule 1 paired its steps)
 # (MOE_CONFORMANCE_GLUON_OVERLAP: another default, for A/B runs of the suites and sanitizers)
 GLUON_OVERLAP = int(os.environ.get("MOE_CONFORMANCE_GLUON_OVERLAP", "0"))
 # its rows a program at decode: 64 (one consumer warpgroup) or 128 (two on one ring: bit for bit, 2-8% slower from

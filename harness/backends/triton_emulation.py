@@ -86,8 +86,8 @@ TILE_KEYS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "w2_blo
 # 128-value chunk, 1 or 2; 2 holds half the decoded tile in registers), split_k (triton_bitplace: the K chunks
 # shared among this many programs per tile, fp32 partial sums added in order by splitk_epilogue_kernel: more
 # programs when few tokens leave SMs idle), mma_overlap (triton_bitplace_gluon: the consumer's schedule, 0-2,
-# triton_bitplace.GLUON_OVERLAP; w2_mma_overlap GEMM2's, one tile a step, where it differs). A table row may give split_k_programs instead: split_k then is the
-# fewest splits that give GEMM1 that many programs (split_k_to_fill)
+# triton_bitplace.GLUON_OVERLAP; w2_mma_overlap GEMM2's, one tile a step, where it differs). A table row may give
+# split_k_programs instead: split_k then is the fewest splits that give GEMM1 that many programs (split_k_to_fill)
 # (max pairs, weight kinds or None for any, tiles), first match wins. Decode rows from the H200 sweep
 # of tools/tune_moe.py --quick (results/gpu-issue8/tune.json); prefill rows from its prefill sweep.
 TILE_TABLE = (

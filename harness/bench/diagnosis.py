@@ -87,14 +87,16 @@ def sass(cubin: bytes) -> tuple[list[tuple[int, str]], dict[str, int]]:
 
 
 def k_loop(instructions: list[tuple[int, str]], labels: dict[str, int]) -> list[str]:
-    """The innermost backward-branch loop that holds tensor-core instructions (HGMMA / HMMA)."""
+    """The innermost backward-branch loop that holds tensor-core instructions (HGMMA / HMMA) and no global store
+    (a warp-specialised kernel's partition loop holds a K step and the epilogue: not the K loop)."""
     best = None
     for addr, ins in instructions:
         m = re.search(r"\bBRA\b.*?(\.L_x_\d+)", ins)
         if not m or m.group(1) not in labels or labels[m.group(1)] > addr:
             continue
         body = [s for a, s in instructions if labels[m.group(1)] <= a <= addr]
-        if any(re.search(r"\b(HGMMA|HMMA)\.", s) for s in body) and (best is None or len(body) < len(best)):
+        if (any(re.search(r"\b(HGMMA|HMMA)\.", s) for s in body) and not any(re.search(r"\bSTG\.", s) for s in body)
+                and (best is None or len(body) < len(best))):
             best = body
     if best is None:
         raise RuntimeError("no loop with tensor-core instructions found in the SASS")

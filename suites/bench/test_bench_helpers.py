@@ -141,6 +141,15 @@ def test_the_k_loop_is_the_innermost_backward_branch_holding_tensor_core_instruc
     assert k_loop(listing, labels) == [ins for addr, ins in listing if 0x10 <= addr <= 0x50]
     with pytest.raises(RuntimeError, match="no loop with tensor-core"):
         k_loop(listing[-2:], labels)
+    # a warp-specialised kernel: its partition loop holds one K step (a tail) and the epilogue's stores and is
+    # shorter than the K loop (two steps an iteration): the K loop is the one without global stores
+    ws = [(0x00, "SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4], R2"), (0x10, "HGMMA.64x16x16.F32.BF16 R24, R8, gdesc[UR4]"),
+          (0x20, "HMUL2.BF16_V2 R8, R8, R9"), (0x30, "HGMMA.64x16x16.F32.BF16 R24, R10, gdesc[UR6]"),
+          (0x40, "LOP3.LUT R8, R4, 0xf, RZ, 0xc0, !PT"), (0x50, "@P0 BRA `(.L_x_3)"),  # K loop: 0x00..0x50
+          (0x60, "BAR.SYNC.DEFER_BLOCKING 0x1"), (0x70, "HGMMA.64x16x16.F32.BF16 R24, R8, gdesc[UR4]"),
+          (0x80, "STG.E desc[UR4][R2.64], R24"), (0x90, "@P1 BRA `(.L_x_4)")]  # partition loop: 0x60..0x90
+    ws_labels = {".L_x_3": 0x00, ".L_x_4": 0x60}
+    assert k_loop(ws, ws_labels) == [ins for addr, ins in ws if addr <= 0x50]
 
 
 def test_weight_bytes_per_k_step_count_codes_and_block_scales_of_each_gated_tile():

@@ -1,12 +1,13 @@
 """Is racecheck's report on bitplace_partials_kernel (reads at the kernel's entry line against writes at its entry
 and at its `if expert >= 0` line, no line of our partitions) about Triton's warp_specialize plumbing (the
 default partition hands each worker warp its partition index and the captured values through shared memory,
-between named barriers), or about our kernel? This kernel has that plumbing and nothing else of ours: no shared
-memory of its own, no mbarrier, no async copy (SYNC 0); SYNC 1 adds what our consumer partition has besides: a
-barrier among its own 4 warps (bar.sync 0, 128) in a loop. (A third variant, an mbarrier the worker arrived on 4
-times and the default partition waited on by parity, hung under racecheck in run-8: without a second barrier the
-worker can run two phases ahead, the probe's own error; removed.) Run under `compute-sanitizer --tool racecheck`: the hazard pattern of our kernel (at
-the entry and `if` lines only) on a variant says what triggers it."""
+between named barriers), or about our kernel? This kernel has that plumbing and little else: one mbarrier,
+initialised and never used, no async copy (SYNC 0; the first probe, run-8's PART=check, had no mbarrier at all);
+SYNC 1 adds what our consumer partition has besides: a barrier among its own 4 warps (bar.sync 0, 128) in a loop.
+(A third variant, an mbarrier the worker arrived on 4 times and the default partition waited on by parity, hung
+under racecheck in run-8: without a second barrier the worker can run two phases ahead, the probe's own error;
+removed.) Run under `compute-sanitizer --tool racecheck`: the hazard pattern of our kernel (at the entry and `if`
+lines only) on a variant says what triggers it."""
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl

@@ -10,9 +10,9 @@
 # check: bit for bit against triton_bitplace at gpt-oss-120b's and Kimi-K2's sizes (the second tile past N_OUT on
 # gpt-oss's 2880 rows: TMA's zero fill), conformance with block_n 128 the decode default, the sanitizers (whose
 # cases include block_n 128 unsplit and split 3).
-# tune: ring 3 / 4 / 6 x split 1 / 2 x GEMM1's schedule 0 / 1 x GEMM2's 0 / 1 / 2 (w2_mma_overlap; 1 pairs two K
-# steps an iteration: 140 SASS a step against 188, counted for sm90) at 1 / 8 / 64 tokens (block_n 128 left the grid
-# after tune-quick).
+# tune: ring 3 / 4 / 6 x split 1 / 2 x GEMM1's schedule 0 / 1 x GEMM2's 0 / 1 / 2 (w2_mma_overlap; 1 pairs two
+# K steps an iteration: two decode chains, 365 SASS per two steps against 188 a step) at 1 / 8 / 64 tokens
+# (block_n 128 left the grid after tune-quick).
 # bench: make bench's Gluon rows with block_n 64 (the default) and 128, one after the other.
 export PYTHONUNBUFFERED=1
 HOST=$(python3 -m harness platforms --host)
