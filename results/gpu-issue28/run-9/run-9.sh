@@ -1,7 +1,8 @@
 #!/bin/bash
 # Issue 28 run-9 (written in session 18 for the next loan; H200, carry .third_party):
 #   PART=check bash results/gpu-issue28/run-9/run-9.sh   (~5 min; PART=smoke: its first step alone, ~2.5 min)
-#   PART=tune  bash results/gpu-issue28/run-9/run-9.sh   (~3 min; PART=tune-quick: the 22-s subset session 18 ran)
+#   PART=tune  bash results/gpu-issue28/run-9/run-9.sh   (~3 min; PART=tune-quick: the 22-s subset session 18 ran;
+#                                                          PART=tune-w2: GEMM2 alone on 128-row programs, ~1 min)
 #   PART=bench bash results/gpu-issue28/run-9/run-9.sh   (~3 min)
 # The Gluon decode GEMM with two consumer warpgroups a program (block_n 128, TILES 2: 384 threads, 2 programs and 16
 # consumer warps a multiprocessor against 12; the activation rows loaded once for both 64-row tiles), compiled on
@@ -70,8 +71,16 @@ tune-quick)
 tune)
   t0=$(date +%s); mkdir -p $OUT/tune
   OUT=$OUT/tune timeout 400 python3 tools/tune_moe.py --case gpt-oss-120b/w_mxfp4/triton_bitplace_gluon \
-    --case kimi-k2/w_mxfp4/triton_bitplace_gluon --tokens 1 8 64 > $OUT/tune.log 2>&1
+    --case kimi-k2/w_mxfp4/triton_bitplace_gluon --tokens 1 8 64 --where w2_block_n=64 > $OUT/tune.log 2>&1
   echo "tune: rc=$? $(( $(date +%s) - t0 )) s"; grep -E "best|copy bandwidth" $OUT/tune.log
+  ;;
+tune-w2)
+  # GEMM2 alone with two consumer warpgroups a program (w2_block_n 128) in each of its schedules, GEMM1 as default
+  t0=$(date +%s); mkdir -p $OUT/tune-w2
+  OUT=$OUT/tune-w2 timeout 300 python3 tools/tune_moe.py --case gpt-oss-120b/w_mxfp4/triton_bitplace_gluon \
+    --case kimi-k2/w_mxfp4/triton_bitplace_gluon --tokens 1 8 64 --where num_stages=4 --where split_k=1 \
+    --where mma_overlap=0 > $OUT/tune-w2.log 2>&1
+  echo "tune-w2: rc=$? $(( $(date +%s) - t0 )) s"; grep -E "T=|best" $OUT/tune-w2.log
   ;;
 bench)
   for bn in 64 128; do
