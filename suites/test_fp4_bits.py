@@ -412,14 +412,34 @@ def test_configure_starts_from_the_base_tiles_not_a_table_row_or_an_earlier_swee
         assert tiles["num_stages"] == 3 and tiles["block_m"] == 64
 
 
+def _gluon_tile(box: torch.Tensor, f01: torch.Tensor, f23: torch.Tensor) -> torch.Tensor:
+    """gluon_kernels._decode_tile in torch on its logical values (a Gluon layout moves no value): a code box
+    [32 row pairs, 32 words] (int64 holding uint32) and the block factors [64 rows, 4 q] of pairs 0, 1 and 2, 3
+    of word 4t + q (bf16 bits in both halves) -> the tile's [64, 128] values (float64, exact)."""
+    from harness.backends.gluon_kernels import DECODE_ORDER
+
+    word = box.reshape(32, 2, 16).reshape(64, 16).reshape(64, 4, 4)
+    w5 = word.reshape(4, 2, 8, 4, 4)
+    f01, f23 = (f[:, None, :].expand(64, 4, 4).reshape(4, 2, 8, 4, 4) for f in (f01, f23))
+    half = lambda p: ((p & 0xFFFF) << 16).to(torch.int32).view(torch.float32).double()  # noqa: E731
+    lo, hi = [], []
+    for p, f in zip(_place_pairs(w5), (f01, f01, f23, f23)):  # each placed pair's halves times its factor (exact)
+        lo.append(half(p) * half(f))
+        hi.append(half(p >> 16) * half(f))
+    # join(join(join(lo0, lo2), join(lo1, lo3)), join(join(hi0, hi2), join(hi1, hi3))): new dims last
+    joined = torch.stack([torch.stack([torch.stack([v[0], v[2]], -1), torch.stack([v[1], v[3]], -1)], -1)
+                          for v in (lo, hi)], -1)
+    return joined.permute(*DECODE_ORDER.value).reshape(64, 128)
+
+
 def test_the_gluon_decode_reads_the_tma_boxes_of_every_tile_in_the_stored_order():
-    """harness/backends/gluon_kernels.py (compiled only: Gluon has no interpreter) in torch, step for step on its
-    logical values (a Gluon layout moves no value): the TMA boxes the producer loads ([32 row pairs, 32 words] of
-    the codes at (expert * N_ROWS / 2 + first row / 2, 32 chunk), [1, 256] bytes of scales_by_chunk at
-    (expert * chunks + chunk, 4 first row)), then _decode_tile's reshapes, bit placement, factor, joins and
-    permute, give the reference weights of the tile's 64 rows and 128 columns: every gate and up tile of two
-    experts, every chunk, MX scales 0..128 (the fold's range)."""
-    from harness.backends.gluon_kernels import DECODE_ORDER, scales_by_chunk
+    """harness/backends/gluon_kernels.py (compiled only: Gluon has no interpreter) in torch, step for step: the TMA
+    boxes the producer loads ([32 row pairs, 32 words] of the codes at (expert * N_ROWS / 2 + first row / 2,
+    32 chunk), [1, 256] bytes of scales_by_chunk at (expert * chunks + chunk, 4 first row)), then _tile_factors
+    and _decode_tile's reshapes, bit placement, factor, joins and permute, give the reference weights of the
+    tile's 64 rows and 128 columns: every gate and up tile of two experts, every chunk, MX scales 0..128 (the
+    fold's range)."""
+    from harness.backends.gluon_kernels import scales_by_chunk
     from harness.backends.triton_bitplace import bitplace_scales, mma_order_codes, pair_rows
 
     experts, n_rows, k = 2, 128, 128 * 9  # gate rows 0..63, up rows 64..127 (N_OUT 64)
@@ -433,25 +453,56 @@ def test_the_gluon_decode_reads_the_tma_boxes_of_every_tile_in_the_stored_order(
     ws = pair_rows(bitplace_scales(scales, True, 4), 4)
     code_words = w.view(experts * n_rows // 2, chunks * 128).view(torch.int32).to(torch.int64) & 0xFFFFFFFF
     by_chunk = scales_by_chunk(ws, n_rows, chunks)
-    half = lambda p: ((p & 0xFFFF) << 16).to(torch.int32).view(torch.float32).double()  # noqa: E731
     for e in range(experts):
         for first in (0, 64):  # the gate tile, the up tile (g_col, u_col = g_col + N_OUT)
             for c in range(chunks):
                 box = code_words[e * n_rows // 2 + first // 2:][:32, c * 32:(c + 1) * 32]
                 sbox = by_chunk[e * chunks + c, first * 4:first * 4 + 256].view(64, 4)
-                word = box.reshape(32, 2, 16).reshape(64, 16).reshape(64, 4, 4)
-                f2 = (sbox.to(torch.int64) * 0x00800080)[:, None, :].expand(64, 4, 4)
-                w5, f5 = word.reshape(4, 2, 8, 4, 4), f2.reshape(4, 2, 8, 4, 4)
-                lo, hi = [], []
-                for p in _place_pairs(w5):  # the bf16 halves of each placed pair times the block factor (exact)
-                    lo.append(half(p) * half(f5))
-                    hi.append(half(p >> 16) * half(f5))
-                # join(join(join(lo0, lo2), join(lo1, lo3)), join(join(hi0, hi2), join(hi1, hi3))): new dims last
-                joined = torch.stack([torch.stack([torch.stack([v[0], v[2]], -1), torch.stack([v[1], v[3]], -1)], -1)
-                                      for v in (lo, hi)], -1)
-                tile = joined.permute(*DECODE_ORDER.value).reshape(64, 128)
-                expect = want[e, first:first + 64, c * 128:(c + 1) * 128]
-                bad = tile != expect
+                f = sbox.to(torch.int64) * 0x00800080
+                tile = _gluon_tile(box, f, f)
+                bad = tile != want[e, first:first + 64, c * 128:(c + 1) * 128]
+                assert not bad.any(), (e, first, c, int(bad.sum()), tuple(bad.nonzero()[0].tolist()))
+
+
+def test_the_gluon_nvfp4_decode_reads_its_512_byte_scale_boxes_in_block_order():
+    """The NVFP4 path of gluon_kernels in torch: the scale box of a 64-row tile is 2 rows of 256 bytes of
+    scales_by_chunk(.., 8) seen as [-1, 256], at row (expert * chunks + chunk) * N_ROWS / 32 + first row / 32
+    (_scale_box_at), read as [64 rows, 2 words]; _nvfp4_factor_words gives the factors of blocks 4w .. 4w + 3 of
+    word w, joined (d0, d2) and (d1, d3) into the factors of pairs 0, 1 (block 2q) and 2, 3 (block 2q + 1): the
+    reference weights x 2^-7 (the fold prepare() returns to the expert scale), every E4M3 code but NaN, every gate
+    and up tile of two experts, every chunk."""
+    from harness.backends.gluon_kernels import NVFP4_SCALE_BOX, scales_by_chunk
+    from harness.backends.triton_bitplace import bitplace_scales, mma_order_codes, pair_rows
+    from reference.formats import decode
+    from reference.nvfp4 import dequantize_nvfp4
+
+    experts, n_rows, k = 2, 128, 128 * 5
+    g = torch.Generator().manual_seed(12)
+    codes = torch.randint(0, 16, (experts, n_rows, k), generator=g, dtype=torch.uint8)
+    finite = torch.tensor([b for b in range(256) if b & 0x7F != 0x7F], dtype=torch.uint8)
+    scales = finite[torch.randint(0, finite.numel(), (experts, n_rows, k // 16), generator=g)]
+    want = dequantize_nvfp4(codes, scales, torch.tensor(1.0), torch.float64) * 2.0**-7
+    chunks = k // 128
+    w = pair_rows(mma_order_codes(pack_fp4(codes)), 64)
+    ws = pair_rows(bitplace_scales(scales, False, 8), 8)
+    code_words = w.view(experts * n_rows // 2, chunks * 128).view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    rows256 = scales_by_chunk(ws, n_rows, chunks, 8).view(-1, 256)
+
+    def factor(byte):  # the E4M3 scale x 2^119 as bf16 bits in both halves (exact: _nvfp4_factor_words' value)
+        bits = (decode(byte, E4M3FN).double() * 2.0**119).float().view(torch.int32).to(torch.int64) >> 16
+        return (bits & 0xFFFF) * 0x00010001
+
+    for e in range(experts):
+        for first in (0, 64):
+            for c in range(chunks):
+                box = code_words[e * n_rows // 2 + first // 2:][:32, c * 32:(c + 1) * 32]
+                at = (e * chunks + c) * (n_rows // 32) + first // 32
+                sbox = rows256[at:at + NVFP4_SCALE_BOX[0]].reshape(64, 8)  # row r's 8 bytes: blocks 0..7
+                d = [factor(sbox[:, j::4]) for j in range(4)]  # d_j[:, w]: block 4w + j
+                f01 = torch.stack([d[0], d[2]], -1).reshape(64, 4)  # q = 2w + jj: block 2q
+                f23 = torch.stack([d[1], d[3]], -1).reshape(64, 4)  # block 2q + 1
+                tile = _gluon_tile(box, f01, f23)
+                bad = tile != want[e, first:first + 64, c * 128:(c + 1) * 128]
                 assert not bad.any(), (e, first, c, int(bad.sum()), tuple(bad.nonzero()[0].tolist()))
 
 
@@ -484,9 +535,18 @@ def test_the_gluon_gemm_takes_exactly_the_launches_its_contract_covers(monkeypat
     from harness.backends import gluon_kernels
 
     seen = []
-    monkeypatch.setattr(gluon_kernels, "launch_bitplace_partials", lambda *args: seen.append(args[-4:]))
+    monkeypatch.setattr(gluon_kernels, "launch_bitplace_partials", lambda *args: seen.append(args[-5:]))
     tiles = dict(decode, num_stages=3, mma_overlap=1, w2_mma_overlap=2, w2_block_n=128)
     for which in ("w13", "w2"):
         run = gluon._partials_kernel(prep, which, 0, tiles, None, 128, 256, 256)
         run(torch.zeros(2, 256, dtype=torch.bfloat16), None, None, None, 2, 1, 128, 256, 256, which == "w13", 1)
-    assert seen == [(3, GLUON_MAXNREG, 1, 1), (3, GLUON_MAXNREG, 2, 2)], seen
+    assert seen == [(3, GLUON_MAXNREG, 1, 1, False), (3, GLUON_MAXNREG, 2, 2, False)], seen
+    # NVFP4 W4A16 (8 scale bytes a row and chunk, read as 256-byte box rows): N_ROWS and N_OUT multiples of 32
+    nv = make_checkpoint("w_nvfp4", "SWIGLUOAI", 2, 256, 128, seed=0, with_bias=True)
+    nv_prep = gluon.prepare(nv)
+    assert nv_prep.extras["w13_scale_by_chunk"].shape == (2 * 2, 256 * 8)
+    assert gluon._partials_kernel(nv_prep, "w13", 0, decode, None, 128, 256, 256) is not None
+    assert gluon._partials_kernel(nv_prep, "w13", 0, decode, None, 112, 224, 256) is None  # 112 rows: 3.5 x 32
+    gluon._partials_kernel(nv_prep, "w2", 0, decode, None, 256, 256, 128)(
+        torch.zeros(2, 128, dtype=torch.bfloat16), None, None, None, 2, 1, 256, 256, 128, False, 1)
+    assert seen[-1][-1] is True, seen

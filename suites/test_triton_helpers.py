@@ -147,19 +147,21 @@ def test_the_kernels_a_forward_launches_compile_for_sm90_without_a_gpu():
     assert compiled >= {"moe_align_kernel", "moe_gemm_kernel", "splitk_epilogue_kernel", "splitk_topk_reduce_kernel",
                         "mx_quantize_kernel", "nvfp4_quantize_kernel", "fp8_quantize_kernel", "topk_reduce_kernel"}, run.stdout
     # the warp-specialised Gluon decode GEMM (harness/backends/gluon_kernels.py, opt-in): GEMM1 gated, GEMM2 not,
-    # in each of the consumer's three schedules (GEMM2's K 3 chunks, so that schedule 1's two-step loop is compiled,
-    # not folded), with one and two consumer warpgroups a program, its layout conversions to the wgmma operand
-    # asserted trivial by the compiler
-    for overlap, block_n in ((0, 64), (1, 64), (2, 64), (0, 128), (2, 128)):
+    # MXFP4 and NVFP4, in each of the consumer's three schedules (GEMM2's K 3 chunks, so that schedule 1's two-step
+    # loop is compiled, not folded), with one and two consumer warpgroups a program, its layout conversions to the
+    # wgmma operand asserted trivial by the compiler
+    for overlap, block_n, case in ((0, 64, "w_mxfp4/SWIGLUOAI"), (1, 64, "w_mxfp4/SWIGLUOAI"),
+                                   (2, 64, "w_mxfp4/SWIGLUOAI"), (0, 128, "w_mxfp4/SWIGLUOAI"),
+                                   (2, 128, "w_mxfp4/SWIGLUOAI"), (0, 64, "w_nvfp4/SILU"), (1, 128, "w_nvfp4/SILU")):
         gluon = subprocess.run([sys.executable, "-m", "harness.backends.compile_check", "--tokens", "1", "--case",
-                                "triton_bitplace/w_mxfp4/SWIGLUOAI", "--skip", "moe_align_kernel", "--configure",
+                                f"triton_bitplace/{case}", "--skip", "moe_align_kernel", "--configure",
                                 f"mma_overlap={overlap}", "--configure", f"block_n={block_n}", "--configure",
                                 "block_m=16", "--configure", "num_warps=4", "--intermediate", "384"],
                                capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[1],
                                env=dict(os.environ, TRITON_INTERPRET="0", MOE_CONFORMANCE_BITPLACE_GLUON="1"))
         assert gluon.returncode == 0, gluon.stdout[-3000:] + gluon.stderr[-3000:]
         assert sum(line.startswith("compiled bitplace_partials_kernel") for line in gluon.stdout.splitlines()) == 2, \
-            (overlap, block_n, gluon.stdout)
+            (overlap, block_n, case, gluon.stdout)
 
 
 def test_the_activation_quantizers_read_bf16_exactly_subnormals_included():

@@ -80,7 +80,11 @@ def main() -> int:
                                                                   num_stages=4), "w_mxfp4", "SWIGLUOAI"),
                                  (_bitplace(gluon=True).configure(block_m=16, block_n=128, block_k=128, num_warps=4,
                                                                   num_stages=3, split_k=3, mma_overlap=2), "w_mxfp4",
-                                  "SILU")):
+                                  "SILU"),
+                                 # NVFP4 W4A16 through it: 512-byte scale boxes, unsplit and split 3 ways
+                                 (_bitplace(gluon=True), "w_nvfp4", "SWIGLUOAI"),
+                                 (_bitplace(gluon=True).configure(block_m=16, block_n=64, block_k=128, num_warps=4,
+                                                                  num_stages=3, split_k=3), "w_nvfp4", "SILU")):
         ckpt = make_checkpoint(scheme, act, tail.num_experts, tail.hidden_size, tail.intermediate_size, seed=1,
                                with_bias=act == "SWIGLUOAI")
         x, w, ids = case_inputs(tail, 1)

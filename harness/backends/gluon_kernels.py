@@ -1,6 +1,6 @@
 """A warp-specialised FP4 decode GEMM in Gluon (Triton's explicit-layout dialect) for Hopper (issue 28).
 
-bitplace_partials_kernel computes triton_bitplace's MXFP4 x bf16 products of one expert block (16 pairs) and 64
+bitplace_partials_kernel computes triton_bitplace's MXFP4 (or NVFP4: W_NV) x bf16 products of one expert block (16 pairs) and 64
 output rows (gate and up when gated) over a share of the K chunks, as fp32 partial sums [SPLIT_K, pairs, 2, N_OUT]
 that triton_kernels.splitk_epilogue_kernel / splitk_topk_reduce_kernel finish (bias, activation, top-k sum: the
 same epilogues and roundings as the split-K path of moe_gemm_kernel). What differs from moe_gemm_kernel's loop:
@@ -19,6 +19,9 @@ bit with triton_bitplace, conformance, memcheck and synccheck clean, 10-13% fast
 TILES 2 (block_n 128): two consumer warpgroups a program on one ring, 384 threads, 2 programs a multiprocessor (16
 consumer warps against 12), the activation rows loaded once for both tiles; bit for bit on the H200 but 2-8% slower
 from 8 tokens on (results/gpu-issue28/run-9), so a launch parameter, not the default.
+NVFP4 (W_NV): a tile's 8 scale bytes a row come as one [2, 256] box; the factors (E4M3 x 2^119, exact in bf16) are
+built per block by triton_kernels._nvfp4_factor_words, moe_gemm_kernel's own; 428 SASS a step for the gated
+tiles against moe_gemm_kernel's 531 (Triton 3.6 for sm90), not yet run on a GPU (results/gpu-issue28/run-9).
 """
 
 from __future__ import annotations
@@ -62,36 +65,75 @@ SECOND_CONSUMER_REGS = gl.constexpr(104)
 DECODE_ORDER = gl.constexpr((0, 1, 2, 4, 5, 6, 3, 7))
 BLOCK_M = 16  # pairs of one expert block (the decode tile; moe_align's blocks)
 CODE_BOX = [32, 32]  # int32: 32 row pairs x one 128-value chunk (16 words a row)
-SCALE_BOX = [1, 256]  # uint8: one chunk's 4 block-scale bytes of 64 rows
+SCALE_BOX = [1, 256]  # uint8: one chunk's 4 MX block-scale bytes of 64 rows
+NVFP4_SCALE_BOX = [2, 256]  # uint8: one chunk's 8 NVFP4 block-scale bytes of 64 rows (a box row is at most 256)
+# the NVFP4 box as [64 rows, 2 int32 words] (blocks 4w .. 4w + 3 of a row in word w), a row's words in the
+# registers of the threads that hold that row's codes (CODE_ROWS' rows; the thread-group lanes t all alike)
+SCALE_WORDS = gl.constexpr(gl.DistributedLinearLayout(
+    reg_bases=[[0, 1], [8, 0]], lane_bases=[[0, 0], [0, 0], [1, 0], [2, 0], [4, 0]], warp_bases=[[16, 0], [32, 0]],
+    block_bases=[], shape=[64, 2]))
 
 
-# the [64, 4] view of a scale box: Triton 3.6 names the method _reinterpret, later releases reinterpret
+# the [64, 4] bytes (MX) or [64, 2] words (NVFP4) of a scale box: Triton 3.6 names the method _reinterpret, later
+# releases reinterpret
 if hasattr(gl.shared_memory_descriptor, "reinterpret"):
     @gluon.jit
     def _scale_bytes(slot, LAYOUT: gl.constexpr, SVIEW: gl.constexpr):
         return slot.reinterpret(gl.uint8, [64, 4], SVIEW).load(LAYOUT)
+
+    @gluon.jit
+    def _scale_words(slot, LAYOUT: gl.constexpr, SVIEW: gl.constexpr):
+        return slot.reinterpret(gl.int32, [64, 2], SVIEW).load(LAYOUT)
 else:
     @gluon.jit
     def _scale_bytes(slot, LAYOUT: gl.constexpr, SVIEW: gl.constexpr):
         return slot._reinterpret(gl.uint8, [64, 4], SVIEW).load(LAYOUT)
 
+    @gluon.jit
+    def _scale_words(slot, LAYOUT: gl.constexpr, SVIEW: gl.constexpr):
+        return slot._reinterpret(gl.int32, [64, 2], SVIEW).load(LAYOUT)
+
 
 @gluon.jit
-def _decode_tile(codes, sbytes, DOT: gl.constexpr, ROWS3: gl.constexpr):
-    """codes [32 pairs, 32 words] int32 (CODE_PAIRS), sbytes [64 rows, 4 blocks] uint8 (the MX exponent field of
-    2^(s - 1), triton_bitplace.bitplace_scales) -> the [64, 128] bf16 weights (value x 2^s) in the wgmma register
-    operand's layout. Code n = 4 i0 + 2 i2 + i1 of word 4t + q is column 32q + 16 i2 + 8 i1 + 2t + i0
-    (triton_bitplace's stored order)."""
+def _tile_factors(slot, W_NV: gl.constexpr, SL: gl.constexpr, SVIEW: gl.constexpr):
+    """The block factors of a tile's scale box as bf16x2 words (the factor in both halves), [64 rows, 4 q] in SL:
+    (f01, f23), the factors of pairs 0, 1 and of pairs 2, 3 of word 4t + q. MX: the stored exponent field of
+    2^(s - 1) placed at bit 7, one block (32 columns) for all four pairs; NVFP4 (W_NV): the E4M3 scale x 2^119
+    (triton_kernels._nvfp4_factor_words), block 2q (columns 32q .. + 15, i2 = 0: pairs 0, 1) and block 2q + 1."""
+    if W_NV:
+        d0, d1, d2, d3 = K._nvfp4_factor_words(_scale_words(slot, SCALE_WORDS, SVIEW))  # blocks 4w + 0..3
+        f01 = gl.convert_layout(gl.reshape(gl.join(d0, d2), [64, 4]), SL, assert_trivial=True)  # q = 2w + j
+        f23 = gl.convert_layout(gl.reshape(gl.join(d1, d3), [64, 4]), SL, assert_trivial=True)
+    else:
+        f01 = _scale_bytes(slot, SL, SVIEW).to(gl.int32) * 0x00800080  # 2^(s - 1) in both halves
+        f23 = f01
+    return f01, f23
+
+
+@gluon.jit
+def _decode_slot(code_slot, scale_slot, W_NV: gl.constexpr, PAIRS: gl.constexpr, SL: gl.constexpr,
+                 SVIEW: gl.constexpr, DOT: gl.constexpr, ROWS3: gl.constexpr):
+    """A ring slot's tile (its codes and scale box) decoded into the wgmma register operand."""
+    f01, f23 = _tile_factors(scale_slot, W_NV, SL, SVIEW)
+    return _decode_tile(code_slot.load(PAIRS), f01, f23, DOT, ROWS3)
+
+
+@gluon.jit
+def _decode_tile(codes, f01, f23, DOT: gl.constexpr, ROWS3: gl.constexpr):
+    """codes [32 pairs, 32 words] int32 (CODE_PAIRS), f01 / f23 [64 rows, 4 q] the block factors of pairs 0, 1 and
+    2, 3 of word 4t + q (_tile_factors) -> the [64, 128] bf16 weights in the wgmma register operand's layout (MX:
+    value x 2^s; NVFP4: value x scale x 2^-7). Code n = 4 i0 + 2 i2 + i1 of word 4t + q is column 32q + 16 i2 +
+    8 i1 + 2t + i0 (triton_bitplace's stored order)."""
     word = gl.reshape(gl.reshape(codes, [32, 2, 16]), [64, 16]).to(gl.uint32, bitcast=True)
     word = gl.convert_layout(gl.reshape(word, [64, 4, 4]), ROWS3, assert_trivial=True)
-    f2 = gl.broadcast(gl.expand_dims(sbytes.to(gl.int32) * 0x00800080, 1), word)[0]  # 2^(s - 1) in both halves
     w5 = gl.reshape(word, [4, 2, 8, 4, 4])  # (warp, h, g, t, q): row 16 warp + 8h + g, word 4t + q
-    f5 = gl.reshape(f2, [4, 2, 8, 4, 4])
+    f01 = gl.reshape(gl.broadcast(gl.expand_dims(f01, 1), word)[0], [4, 2, 8, 4, 4])
+    f23 = gl.reshape(gl.broadcast(gl.expand_dims(f23, 1), word)[0], [4, 2, 8, 4, 4])
     p0, p1, p2, p3 = K._place_pairs(w5)
-    lo0, hi0 = K._scaled_halves_bf16(p0, f5)
-    lo1, hi1 = K._scaled_halves_bf16(p1, f5)
-    lo2, hi2 = K._scaled_halves_bf16(p2, f5)
-    lo3, hi3 = K._scaled_halves_bf16(p3, f5)
+    lo0, hi0 = K._scaled_halves_bf16(p0, f01)
+    lo1, hi1 = K._scaled_halves_bf16(p1, f01)
+    lo2, hi2 = K._scaled_halves_bf16(p2, f23)
+    lo3, hi3 = K._scaled_halves_bf16(p3, f23)
     w = gl.join(gl.join(gl.join(lo0, lo2), gl.join(lo1, lo3)), gl.join(gl.join(hi0, hi2), gl.join(hi1, hi3)))
     # a tuple of its items: Triton 3.6's permute takes no constexpr tuple
     w = gl.permute(w, (DECODE_ORDER[0], DECODE_ORDER[1], DECODE_ORDER[2], DECODE_ORDER[3], DECODE_ORDER[4],
@@ -101,9 +143,19 @@ def _decode_tile(codes, sbytes, DOT: gl.constexpr, ROWS3: gl.constexpr):
 
 
 @gluon.jit
+def _scale_box_at(chunk_row, first_row, N_ROWS, W_NV: gl.constexpr):
+    """The TMA coordinates of a 64-row tile's scale box in scales_by_chunk's copy: MX [chunk row, 4 first row] of
+    [E chunks, 4 N_ROWS]; NVFP4 the 512 bytes at 8 (chunk row N_ROWS + first row), as rows of 256 bytes."""
+    if W_NV:
+        return [chunk_row * (N_ROWS // 32) + first_row // 32, 0]
+    else:
+        return [chunk_row, first_row * 4]
+
+
+@gluon.jit
 def _producer(codes_desc, scales_desc, a_ptr, sorted_rows_ptr, n_pairs, a_row_div, K, N_OUT, code_s, scale_s, x_s,
-              ready, empty, pid_m, code_row, scale_row, g_col0, c_lo, c_hi, GATED: gl.constexpr,
-              STAGES: gl.constexpr, TILES: gl.constexpr, BM: gl.constexpr, XL: gl.constexpr):
+              ready, empty, pid_m, code_row, scale_row, g_col0, c_lo, c_hi, N_ROWS, GATED: gl.constexpr,
+              W_NV: gl.constexpr, STAGES: gl.constexpr, TILES: gl.constexpr, BM: gl.constexpr, XL: gl.constexpr):
     pair = gl.load(sorted_rows_ptr + pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, XL)))
     cols = gl.arange(0, 128, layout=gl.SliceLayout(0, XL))
     x_ptrs = a_ptr + (pair // a_row_div).to(gl.int64)[:, None] * K + cols[None, :]
@@ -123,18 +175,20 @@ def _producer(codes_desc, scales_desc, a_ptr, sorted_rows_ptr, n_pairs, a_row_di
             g_col = g_col0 + 64 * j  # past N_OUT (the second tile of the last program): rows that are not stored
             slot = (s * TILES + j) * NB
             _tma_load(codes_desc, [code_row + g_col // 2, c * 32], ready.index(s), code_s.index(slot))
-            _tma_load(scales_desc, [scale_row + c, g_col * 4], ready.index(s), scale_s.index(slot))
+            _tma_load(scales_desc, _scale_box_at(scale_row + c, g_col, N_ROWS, W_NV), ready.index(s),
+                      scale_s.index(slot))
             if GATED:
                 u_col = g_col + N_OUT
                 _tma_load(codes_desc, [code_row + u_col // 2, c * 32], ready.index(s), code_s.index(slot + 1))
-                _tma_load(scales_desc, [scale_row + c, u_col * 4], ready.index(s), scale_s.index(slot + 1))
+                _tma_load(scales_desc, _scale_box_at(scale_row + c, u_col, N_ROWS, W_NV), ready.index(s),
+                          scale_s.index(slot + 1))
 
 
 @gluon.jit
 def _consumer(code_s, scale_s, x_s, ready, empty, c_lo, c_hi, out_ptr, sorted_rows_ptr, n_pairs, N_OUT, pid_m, pid_s,
-              g_col, TILE: gl.constexpr, TILES: gl.constexpr, GATED: gl.constexpr, STAGES: gl.constexpr,
-              BM: gl.constexpr, ACC_L: gl.constexpr, DOT: gl.constexpr, PAIRS: gl.constexpr, ROWS3: gl.constexpr,
-              SVIEW: gl.constexpr, OVERLAP: gl.constexpr):
+              g_col, TILE: gl.constexpr, TILES: gl.constexpr, GATED: gl.constexpr, W_NV: gl.constexpr,
+              STAGES: gl.constexpr, BM: gl.constexpr, ACC_L: gl.constexpr, DOT: gl.constexpr, PAIRS: gl.constexpr,
+              ROWS3: gl.constexpr, SVIEW: gl.constexpr, OVERLAP: gl.constexpr):
     """One warpgroup's 64-row tile TILE of the program's TILES (its slots of the ring, its partial sums).
     OVERLAP 0: the up tile's decode overlaps the gate tile's MMA, each step waits for its MMAs; 1: two tiles
     decoded before their MMAs (two independent instruction chains for the scheduler; ungated, one tile a step, the
@@ -152,10 +206,10 @@ def _consumer(code_s, scale_s, x_s, ready, empty, c_lo, c_hi, out_ptr, sorted_ro
             s1 = (2 * i2 + 1) % STAGES
             mbarrier.wait(ready.index(s0), ((2 * i2) // STAGES) & 1)
             mbarrier.wait(ready.index(s1), ((2 * i2 + 1) // STAGES) & 1)
-            w0 = _decode_tile(code_s.index(s0 * TILES + TILE).load(PAIRS),
-                              _scale_bytes(scale_s.index(s0 * TILES + TILE), SL, SVIEW), DOT, ROWS3)
-            w1 = _decode_tile(code_s.index(s1 * TILES + TILE).load(PAIRS),
-                              _scale_bytes(scale_s.index(s1 * TILES + TILE), SL, SVIEW), DOT, ROWS3)
+            w0 = _decode_slot(code_s.index(s0 * TILES + TILE), scale_s.index(s0 * TILES + TILE), W_NV, PAIRS, SL,
+                              SVIEW, DOT, ROWS3)
+            w1 = _decode_slot(code_s.index(s1 * TILES + TILE), scale_s.index(s1 * TILES + TILE), W_NV, PAIRS, SL,
+                              SVIEW, DOT, ROWS3)
             fence_async_shared()
             acc_g = warpgroup_mma(w0, x_s.index(s0).permute((1, 0)), acc_g, is_async=True)
             acc_g = warpgroup_mma(w1, x_s.index(s1).permute((1, 0)), acc_g, is_async=True)
@@ -165,8 +219,8 @@ def _consumer(code_s, scale_s, x_s, ready, empty, c_lo, c_hi, out_ptr, sorted_ro
         if n_steps % 2 == 1:
             s = (n_steps - 1) % STAGES
             mbarrier.wait(ready.index(s), ((n_steps - 1) // STAGES) & 1)
-            w0 = _decode_tile(code_s.index(s * TILES + TILE).load(PAIRS),
-                              _scale_bytes(scale_s.index(s * TILES + TILE), SL, SVIEW), DOT, ROWS3)
+            w0 = _decode_slot(code_s.index(s * TILES + TILE), scale_s.index(s * TILES + TILE), W_NV, PAIRS, SL,
+                              SVIEW, DOT, ROWS3)
             fence_async_shared()
             acc_g = warpgroup_mma(w0, x_s.index(s).permute((1, 0)), acc_g, is_async=True)
             acc_g, w0 = warpgroup_mma_wait(0, deps=[acc_g, w0])
@@ -175,14 +229,14 @@ def _consumer(code_s, scale_s, x_s, ready, empty, c_lo, c_hi, out_ptr, sorted_ro
         s = i % STAGES
         mbarrier.wait(ready.index(s), (i // STAGES) & 1)
         slot = (s * TILES + TILE) * NB
-        wg = _decode_tile(code_s.index(slot).load(PAIRS), _scale_bytes(scale_s.index(slot), SL, SVIEW), DOT, ROWS3)
+        wg = _decode_slot(code_s.index(slot), scale_s.index(slot), W_NV, PAIRS, SL, SVIEW, DOT, ROWS3)
         xt = x_s.index(s).permute((1, 0))
         if OVERLAP == 0:
             fence_async_shared()  # the activation rows came by cp.async (generic proxy); wgmma reads them (async)
             acc_g = warpgroup_mma(wg, xt, acc_g, is_async=True)
             if GATED:
-                wu = _decode_tile(code_s.index(slot + 1).load(PAIRS), _scale_bytes(scale_s.index(slot + 1), SL, SVIEW),
-                                  DOT, ROWS3)
+                wu = _decode_slot(code_s.index(slot + 1), scale_s.index(slot + 1), W_NV, PAIRS, SL, SVIEW, DOT,
+                                  ROWS3)
                 acc_u = warpgroup_mma(wu, xt, acc_u, is_async=True)
                 acc_g, acc_u, wg, wu = warpgroup_mma_wait(0, deps=[acc_g, acc_u, wg, wu])
             else:
@@ -190,8 +244,8 @@ def _consumer(code_s, scale_s, x_s, ready, empty, c_lo, c_hi, out_ptr, sorted_ro
             mbarrier.arrive(empty.index(s))  # the slot's codes, scales and rows are read: the producer may refill
         else:
             if GATED:
-                wu = _decode_tile(code_s.index(slot + 1).load(PAIRS), _scale_bytes(scale_s.index(slot + 1), SL, SVIEW),
-                                  DOT, ROWS3)
+                wu = _decode_slot(code_s.index(slot + 1), scale_s.index(slot + 1), W_NV, PAIRS, SL, SVIEW, DOT,
+                                  ROWS3)
             fence_async_shared()
             acc_g = warpgroup_mma(wg, xt, acc_g, is_async=True)
             if GATED:
@@ -219,7 +273,8 @@ def _consumer(code_s, scale_s, x_s, ready, empty, c_lo, c_hi, out_ptr, sorted_ro
 
 @gluon.jit
 def bitplace_partials_kernel(codes_desc, scales_desc, a_ptr, out_ptr, sorted_rows_ptr, block_expert_ptr, n_pairs,
-                             a_row_div, N_OUT, N_ROWS, K, chunks, GATED: gl.constexpr, STAGES: gl.constexpr,
+                             a_row_div, N_OUT, N_ROWS, K, chunks, GATED: gl.constexpr, W_NV: gl.constexpr,
+                             STAGES: gl.constexpr,
                              SPLIT_K: gl.constexpr, OVERLAP: gl.constexpr, TILES: gl.constexpr, ACC_L: gl.constexpr,
                              DOT: gl.constexpr, PAIRS: gl.constexpr, ROWS3: gl.constexpr, SVIEW: gl.constexpr,
                              XS: gl.constexpr, XL: gl.constexpr):
@@ -238,7 +293,8 @@ def bitplace_partials_kernel(codes_desc, scales_desc, a_ptr, out_ptr, sorted_row
         g_col = pid_n * (64 * TILES)  # the first tile's first gate row (row pairs: the gate rows, then the up rows)
         NB: gl.constexpr = 2 if GATED else 1
         code_s = gl.allocate_shared_memory(gl.int32, [STAGES * TILES * NB, 32, 32], codes_desc.layout)
-        scale_s = gl.allocate_shared_memory(gl.uint8, [STAGES * TILES * NB, 1, 256], scales_desc.layout)
+        SB: gl.constexpr = 2 if W_NV else 1  # rows of 256 scale bytes a tile: 4 (MX) or 8 (NVFP4) bytes a row
+        scale_s = gl.allocate_shared_memory(gl.uint8, [STAGES * TILES * NB, SB, 256], scales_desc.layout)
         x_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, 128], XS)
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -250,51 +306,59 @@ def bitplace_partials_kernel(codes_desc, scales_desc, a_ptr, out_ptr, sorted_row
         if TILES == 1:
             gl.warp_specialize(
                 [(_consumer, (code_s, scale_s, x_s, ready, empty, c_lo, c_hi, out_ptr, sorted_rows_ptr, n_pairs,
-                              N_OUT, pid_m, pid_s, g_col, 0, TILES, GATED, STAGES, BM, ACC_L, DOT, PAIRS, ROWS3,
+                              N_OUT, pid_m, pid_s, g_col, 0, TILES, GATED, W_NV, STAGES, BM, ACC_L, DOT, PAIRS,
+                              ROWS3,
                               SVIEW, OVERLAP)),
                  (_producer, (codes_desc, scales_desc, a_ptr, sorted_rows_ptr, n_pairs, a_row_div, K, N_OUT, code_s,
-                              scale_s, x_s, ready, empty, pid_m, code_row, scale_row, g_col, c_lo, c_hi, GATED,
-                              STAGES, TILES, BM, XL))],
+                              scale_s, x_s, ready, empty, pid_m, code_row, scale_row, g_col, c_lo, c_hi, N_ROWS,
+                              GATED, W_NV, STAGES, TILES, BM, XL))],
                 [PRODUCER_WARPS], [40])
         else:
             gl.warp_specialize(
                 [(_consumer, (code_s, scale_s, x_s, ready, empty, c_lo, c_hi, out_ptr, sorted_rows_ptr, n_pairs,
-                              N_OUT, pid_m, pid_s, g_col, 0, TILES, GATED, STAGES, BM, ACC_L, DOT, PAIRS, ROWS3,
+                              N_OUT, pid_m, pid_s, g_col, 0, TILES, GATED, W_NV, STAGES, BM, ACC_L, DOT, PAIRS,
+                              ROWS3,
                               SVIEW, OVERLAP)),
                  (_consumer, (code_s, scale_s, x_s, ready, empty, c_lo, c_hi, out_ptr, sorted_rows_ptr, n_pairs,
-                              N_OUT, pid_m, pid_s, g_col + 64, 1, TILES, GATED, STAGES, BM, ACC_L, DOT, PAIRS, ROWS3,
+                              N_OUT, pid_m, pid_s, g_col + 64, 1, TILES, GATED, W_NV, STAGES, BM, ACC_L, DOT, PAIRS,
+                              ROWS3,
                               SVIEW, OVERLAP)),
                  (_producer, (codes_desc, scales_desc, a_ptr, sorted_rows_ptr, n_pairs, a_row_div, K, N_OUT, code_s,
-                              scale_s, x_s, ready, empty, pid_m, code_row, scale_row, g_col, c_lo, c_hi, GATED,
-                              STAGES, TILES, BM, XL))],
+                              scale_s, x_s, ready, empty, pid_m, code_row, scale_row, g_col, c_lo, c_hi, N_ROWS,
+                              GATED, W_NV, STAGES, TILES, BM, XL))],
                 [4, PRODUCER_WARPS], [SECOND_CONSUMER_REGS, 40])
 
 
-def scales_by_chunk(scales, n_rows: int, chunks: int):
-    """triton_bitplace's MX scales with rows in pairs ([E, N, chunks * 4] bytes, pair_rows of 4-byte chunks) ->
-    [E * chunks, N * 4]: each chunk's 4 bytes of every row in row order, so that one TMA box holds a tile's
-    scales of one K step (the pair layout's 8-byte runs are below TMA's 16-byte minimum). A pure data movement."""
+def scales_by_chunk(scales, n_rows: int, chunks: int, per_chunk: int = 4):
+    """triton_bitplace's block scales with rows in pairs ([E, N, chunks * per_chunk] bytes, pair_rows of
+    per_chunk-byte chunks: 4 MX, 8 NVFP4) -> [E * chunks, N * per_chunk]: each chunk's bytes of every row in row
+    order, so that one TMA box holds a tile's scales of one K step (the pair layout's 8- and 16-byte runs are at or
+    below TMA's 16-byte minimum and apart). A pure data movement."""
     e = scales.shape[0]
-    rows = scales.view(e, n_rows // 2, chunks, 2, 4).permute(0, 2, 1, 3, 4)  # [E, chunks, N / 2, 2, 4]
-    return rows.reshape(e * chunks, n_rows * 4).contiguous()
+    rows = scales.view(e, n_rows // 2, chunks, 2, per_chunk).permute(0, 2, 1, 3, 4)  # [E, chunks, N / 2, 2, per]
+    return rows.reshape(e * chunks, n_rows * per_chunk).contiguous()
 
 
 def launch_bitplace_partials(launcher, codes, scales_t, a, partials, sorted_rows, block_expert, n_pairs: int,
                              a_row_div: int, n_out: int, n_rows: int, k_dim: int, gated: bool, split_k: int,
-                             stages: int, maxnreg: int, overlap: int = 0, tiles: int = 1):
+                             stages: int, maxnreg: int, overlap: int = 0, tiles: int = 1, nvfp4: bool = False):
     """One launch of bitplace_partials_kernel through `launcher` (triton_kernels' attribute, so that
     compile_check can record it): codes [E, N_ROWS, chunks * 64] bytes (rows in pairs), scales_t from
     scales_by_chunk, partials fp32 [split_k, n_pairs, 2, n_out]; overlap: the consumer's schedule (_consumer);
-    tiles: 64-row tiles (consumer warpgroups) a program, 1 or 2."""
+    tiles: 64-row tiles (consumer warpgroups) a program, 1 or 2; nvfp4: NVFP4 weights (scales_t of 8 bytes a row
+    and chunk, read as rows of 256 bytes: n_rows and n_out multiples of 32)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     e = codes.shape[0]
     chunks = codes.shape[2] // 64
     codes_desc = TensorDescriptor.from_tensor(codes.view(e * n_rows // 2, chunks * 128).view(torch.int32),
                                               CODE_BOX, CODE_SMEM)
-    scales_desc = TensorDescriptor.from_tensor(scales_t, SCALE_BOX, SCALE_SMEM)
+    if nvfp4:
+        scales_desc = TensorDescriptor.from_tensor(scales_t.view(-1, 256), NVFP4_SCALE_BOX, SCALE_SMEM)
+    else:
+        scales_desc = TensorDescriptor.from_tensor(scales_t, SCALE_BOX, SCALE_SMEM)
     grid = (block_expert.numel(), -(-n_out // (64 * tiles)), split_k)
     return launcher[grid](codes_desc, scales_desc, a, partials, sorted_rows, block_expert, n_pairs, a_row_div, n_out,
-                          n_rows, k_dim, chunks, GATED=gated, STAGES=stages, SPLIT_K=split_k, OVERLAP=overlap,
+                          n_rows, k_dim, chunks, GATED=gated, W_NV=nvfp4, STAGES=stages, SPLIT_K=split_k, OVERLAP=overlap,
                           TILES=tiles, ACC_L=ACC, DOT=DOT_A, PAIRS=CODE_PAIRS, ROWS3=CODE_ROWS, SVIEW=SCALE_ROWS,
                           XS=X_SMEM, XL=X_LOAD, num_warps=4, maxnreg=maxnreg)

@@ -114,11 +114,12 @@ class TritonBitplaceBackend(TritonEmulationBackend):
             laid.update(w13_expert_scale=prep.w13_expert_scale * _NVFP4_FOLD, w2_expert_scale=prep.w2_expert_scale
                         * _NVFP4_FOLD)
         extras = {}
-        if self.gluon and mx and self.row_pairs and not triton_kernels.INTERPRET:
+        if self.gluon and self.row_pairs and not triton_kernels.INTERPRET:
             from .gluon_kernels import scales_by_chunk
 
-            extras = {f"{k}_by_chunk": scales_by_chunk(laid[k], laid[k].shape[1], laid[k].shape[2] // 4)
-                      for k in ("w13_scale", "w2_scale")}
+            per_chunk = 128 // block  # scale bytes a row and chunk: 4 MX, 8 NVFP4
+            extras = {f"{k}_by_chunk": scales_by_chunk(laid[k], laid[k].shape[1], laid[k].shape[2] // per_chunk,
+                                                       per_chunk) for k in ("w13_scale", "w2_scale")}
         return dataclasses.replace(prep, constexprs=dict(BITPLACE=True, ROW_PAIRS=self.row_pairs), extras=extras,
                                    **laid)
 
@@ -130,8 +131,10 @@ class TritonBitplaceBackend(TritonEmulationBackend):
         # 64-row tiles a program (block_n 128) the last program's second tile may lie past N_OUT, where TMA fills
         # zeros and no row is stored), one or two warpgroups' tiles of 4 warps each
         block_n = tiles.get(f"{which}_block_n") or tiles["block_n"]
+        nvfp4 = prep.ckpt.scheme.weight.kind is NVFP4
         if (scales is None or a_mode or quantize_nvfp4 is not None or tiles["block_m"] != 16 or n_rows % 4
-                or n_rows < 64 or k_dim % 16 or n_out % 2 or block_n not in (64, 128) or tiles["num_warps"] != 4):
+                or n_rows < 64 or k_dim % 16 or n_out % 2 or block_n not in (64, 128) or tiles["num_warps"] != 4
+                or nvfp4 and (n_rows % 32 or n_out % 32)):  # NVFP4: a tile's 512 scale bytes as 256-byte box rows
             return None
         from .gluon_kernels import launch_bitplace_partials
 
@@ -147,7 +150,7 @@ class TritonBitplaceBackend(TritonEmulationBackend):
                 a = a.clone(memory_format=torch.contiguous_format)  # at an odd offset goes through a fresh copy
             return launch_bitplace_partials(triton_kernels.bitplace_partials_kernel, codes, scales, a, partials,
                                             sorted_rows, block_expert, n_pairs, a_row_div, n_out, n_rows, k_dim,
-                                            gated, split_k, stages, maxnreg, overlap, per_program)
+                                            gated, split_k, stages, maxnreg, overlap, per_program, nvfp4)
         return run
 
 
@@ -289,8 +292,8 @@ GLUON_BLOCK_N = int(os.environ.get("MOE_CONFORMANCE_GLUON_BLOCK_N", "64"))
 
 
 class TritonBitplaceGluonBackend(TritonBitplaceBackend):
-    """triton_bitplace with its MXFP4 x bf16 GEMMs at decode (16-pair blocks) by the warp-specialised Gluon kernel
-    (harness/backends/gluon_kernels.py); prefill-size blocks and the K step's contract misses go to
+    """triton_bitplace with its MXFP4 and NVFP4 x bf16 GEMMs at decode (16-pair blocks) by the warp-specialised
+    Gluon kernel (harness/backends/gluon_kernels.py); prefill-size blocks and the K step's contract misses go to
     moe_gemm_kernel. A backend of its own so that one run checks and times both (issue 28)."""
 
     name = "triton_bitplace_gluon"
@@ -308,8 +311,8 @@ class TritonBitplaceGluonBackend(TritonBitplaceBackend):
 
     def supports(self, problem, platform) -> tuple[bool, str]:
         w, act = problem.scheme.weight, problem.scheme.act
-        if w is None or w.kind is not MX or w.elem is not E2M1 or act is not None:
-            return False, "the Gluon decode GEMM: MXFP4 weights with bf16 activations (W4A16) only"
+        if w is None or not (w.kind is NVFP4 or w.kind is MX and w.elem is E2M1) or act is not None:
+            return False, "the Gluon decode GEMM: MXFP4 or NVFP4 weights with bf16 activations (W4A16) only"
         return super().supports(problem, platform)
 
     def available(self, platform) -> tuple[bool, str]:

@@ -423,15 +423,7 @@ def _fp4_bitplace_tile(w_ptr, ws_ptr, expert, n0, ROW_MUL: tl.constexpr, ROW_ADD
             e4m3 = (e4m3 * 1.7014118346046923e38) * 5.192296858534828e33  # x 2^127 x 2^112: s x 2^119
             fbits = (e4m3.to(tl.uint32, bitcast=True) >> 16).to(tl.int32)
         else:
-            # bytes (0, 2) and (1, 3) of each word placed two at a time as bf16x2 words (value x 2^-120), two
-            # packed multiplies each, by 2^127 and 2^112 (s x 2^119; in that order nothing leaves bf16's range),
-            # then each block's factor in both halves of a word
-            even = _mul_bf16x2(_mul_bf16x2(((sw & 0x007F007F) << 4) | ((sw & 0x00800080) << 8), 0x7F007F00),
-                               0x77807780)
-            odd = _mul_bf16x2(_mul_bf16x2((((sw >> 8) & 0x007F007F) << 4) | (((sw >> 8) & 0x00800080) << 8),
-                                          0x7F007F00), 0x77807780)
-            d0, d2 = _dup_halves(even)  # blocks 0 and 2 are even's halves, 1 and 3 odd's
-            d1, d3 = _dup_halves(odd)
+            d0, d1, d2, d3 = _nvfp4_factor_words(sw)
             fbits = tl.reshape(_in_order(d0, d1, d2, d3), (8, 4, REPS, 2, 1, 4 * SWP))
     # codes n = 4 i0 + p of word 4t + q -> their 16-bit float bits; codes p and p + 4 (columns c and c + 1) placed
     # together into one 32-bit word, the bf16x2 register that the MMA takes
@@ -464,9 +456,23 @@ def _fp4_bitplace_tile(w_ptr, ws_ptr, expert, n0, ROW_MUL: tl.constexpr, ROW_ADD
 
 
 @_device
+def _nvfp4_factor_words(sw):
+    """The factors of the four NVFP4 blocks whose E4M3 scales are the bytes 0..3 of each int32 word sw: each the
+    scale's value x 2^119 as bf16 bits in both halves of a word (the bf16x2 the packed multiply takes). Bytes (0, 2)
+    and (1, 3) are placed two at a time as bf16x2 words (value x 2^-120), two packed multiplies each, by 2^127 and
+    2^112 (in that order nothing leaves bf16's range; exact), then each half duplicated by a byte permute."""
+    even = _mul_bf16x2(_mul_bf16x2(((sw & 0x007F007F) << 4) | ((sw & 0x00800080) << 8), 0x7F007F00), 0x77807780)
+    odd = _mul_bf16x2(_mul_bf16x2((((sw >> 8) & 0x007F007F) << 4) | (((sw >> 8) & 0x00800080) << 8), 0x7F007F00),
+                      0x77807780)
+    d0, d2 = _dup_halves(even)  # blocks 0 and 2 are even's halves, 1 and 3 odd's
+    d1, d3 = _dup_halves(odd)
+    return d0, d1, d2, d3
+
+
+@_device
 def _mul_bf16x2(x, c):
     """Packed bf16x2 product of the int32 words x and the constant word c (round to nearest, subnormals kept)."""
-    return tl.inline_asm_elementwise("mul.rn.bf16x2 $0, $1, $2;", "=r,r,r", [x, tl.full(x.shape, c, tl.int32)],
+    return tl.inline_asm_elementwise("mul.rn.bf16x2 $0, $1, $2;", "=r,r,r", [x, (x & 0) | c],
                                      dtype=tl.int32, is_pure=True, pack=1)
 
 

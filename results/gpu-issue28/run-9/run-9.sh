@@ -1,33 +1,41 @@
 #!/bin/bash
-# Issue 28 run-9 (written in session 18 for the next loan; H200, carry .third_party):
-#   PART=check bash results/gpu-issue28/run-9/run-9.sh   (~5 min; PART=smoke: its first step alone, ~2.5 min)
-#   PART=tune  bash results/gpu-issue28/run-9/run-9.sh   (~3 min; PART=tune-quick: the 22-s subset session 18 ran;
-#                                                          PART=tune-w2: GEMM2 alone on 128-row programs, ~1 min)
-#   PART=bench bash results/gpu-issue28/run-9/run-9.sh   (~3 min)
-# The Gluon decode GEMM with two consumer warpgroups a program (block_n 128, TILES 2: 384 threads, 2 programs and 16
-# consumer warps a multiprocessor against 12; the activation rows loaded once for both 64-row tiles), compiled on
-# the CPU only so far. run-7's ncu: 1.2 eligible of ~3 consumer warps a scheduler, issue 60-65% active, the decode
-# chain's latency exposed; triton_kernels' _matmul_ogs runs 16x256 tiles on 8 warps.
-# check: bit for bit against triton_bitplace at gpt-oss-120b's and Kimi-K2's sizes (the second tile past N_OUT on
-# gpt-oss's 2880 rows: TMA's zero fill), conformance with block_n 128 the decode default, the sanitizers (whose
-# cases include block_n 128 unsplit and split 3).
-# tune: ring 3 / 4 / 6 x split 1 / 2 x GEMM1's schedule 0 / 1 x GEMM2's 0 / 1 / 2 (w2_mma_overlap; 1 pairs two
-# K steps an iteration: two decode chains, 365 SASS per two steps against 188 a step) at 1 / 8 / 64 tokens
-# (block_n 128 left the grid after tune-quick).
-# bench: make bench's Gluon rows with block_n 64 (the default) and 128, one after the other.
+# Issue 28 run-9 (H200, carry .third_party), each part one device call:
+#   PART=smoke      bash results/gpu-issue28/run-9/run-9.sh   (~4 min)
+#   PART=check      bash results/gpu-issue28/run-9/run-9.sh   (~4 min)
+#   PART=tune       bash results/gpu-issue28/run-9/run-9.sh   (~4 min)
+#   PART=tune-w2    bash results/gpu-issue28/run-9/run-9.sh   (~1 min)
+#   PART=bench      bash results/gpu-issue28/run-9/run-9.sh   (~8 min)
+#   PART=tune-quick bash results/gpu-issue28/run-9/run-9.sh   (22 s; what session 18 ran, README.md)
+# Session 18 ran the first smoke (block_n 128 only: 48 of 48 bit for bit) and tune-quick (block_n 128 2-8% slower).
+# Since then, compiled and counted on the CPU only: GEMM2's own schedule (w2_mma_overlap; schedule 1 pairs two K
+# steps an iteration), GEMM2 alone on 128-row programs (w2_block_n), and NVFP4 W4A16 through the Gluon kernel
+# (512-byte scale boxes; 428 SASS a step for the gated tiles against moe_gemm_kernel's 531).
+# smoke: bit for bit against triton_bitplace at gpt-oss-120b's and Kimi-K2's sizes, MXFP4 and NVFP4, 1 / 8 / 64
+# tokens, split 1 / 3, rings 2 / 4 (gpt-oss's 2880 rows leave a 128-row program's second tile past N_OUT: TMA's
+# zero fill).
+# check: conformance and special values of triton_bitplace_gluon (MXFP4 and NVFP4) with block_n 128 the decode
+# default and with GEMM2's schedule 1 the default, then memcheck, synccheck, racecheck (tools/sanitize_kernels.py).
+# tune: ring 3 / 4 / 6 x split 1 / 2 x GEMM1's schedule 0 / 1 x GEMM2's 0 / 1 / 2 at 1 / 8 / 64 tokens (MXFP4).
+# bench: make bench's MXFP4 and NVFP4 W4A16 rows of triton_bitplace and triton_bitplace_gluon, then the Gluon MXFP4
+# rows with block_n 128.
 export PYTHONUNBUFFERED=1
 HOST=$(python3 -m harness platforms --host)
-case "${PART:-check}" in
-check|smoke)
-  timeout 220 python3 - > $OUT/smoke.log 2>&1 <<'PY'
+case "${PART:-smoke}" in
+smoke)
+  timeout 400 python3 - > $OUT/smoke.log 2>&1 <<'PY'
 import torch
 from harness.backends import load_backend
 from harness.bench import MODEL_SHAPES, routed_inputs
 from reference.checkpoints import make_checkpoint
 tiles = dict(block_m=16, block_k=128, num_warps=4)
-for model in ("gpt-oss-120b", "kimi-k2"):
+# (block_n, schedule) variants: two consumer warpgroups (block_n 128); GEMM2 two steps an iteration (schedule 1:
+# 23 chunks on gpt-oss, an odd one last; 16 on Kimi-K2; split 3 ways 8 / 8 / 7 and 6 / 6 / 4); NVFP4 (512-byte
+# scale boxes, the factors of _nvfp4_factor_words)
+variants = {"w_mxfp4": ((128, 0), (128, 2), (64, 1)), "w_nvfp4": ((64, 0), (64, 1), (128, 0))}
+for scheme, model in (("w_mxfp4", "gpt-oss-120b"), ("w_mxfp4", "kimi-k2"), ("w_nvfp4", "gpt-oss-120b"),
+                      ("w_nvfp4", "kimi-k2")):
     shape = MODEL_SHAPES[model]
-    ckpt = make_checkpoint("w_mxfp4", shape.activation, 8, shape.hidden_size, shape.intermediate_size, seed=0,
+    ckpt = make_checkpoint(scheme, shape.activation, 8, shape.hidden_size, shape.intermediate_size, seed=0,
                            with_bias=shape.biased)
     ref, g = load_backend("triton_bitplace"), load_backend("triton_bitplace_gluon")
     prep, gp = ref.prepare(ckpt), g.prepare(ckpt)
@@ -36,25 +44,26 @@ for model in ("gpt-oss-120b", "kimi-k2"):
         ids = torch.randn(t, 8, generator=torch.Generator().manual_seed(t)).topk(shape.top_k).indices.cuda()
         for split in (1, 3):
             want = ref.configure(**tiles, block_n=64, num_stages=3, split_k=split).forward(prep, x, w.float(), ids)
-            # two consumer warpgroups (block_n 128); GEMM2 two steps an iteration (schedule 1: 23 chunks on
-            # gpt-oss, an odd one last; 16 on Kimi-K2; split 3 ways 8 / 8 / 7 and 6 / 6 / 4)
-            for block_n, overlap in ((128, 0), (128, 2), (64, 1)):
+            for block_n, overlap in variants[scheme]:
                 for stages in (2, 4):
                     got = g.configure(**tiles, block_n=block_n, num_stages=stages, mma_overlap=overlap,
                                       split_k=split).forward(gp, x, w.float(), ids)
                     torch.cuda.synchronize()
                     same = torch.equal(got.view(torch.int16), want.view(torch.int16))
-                    print(f"{model} T={t} split {split} block_n {block_n} overlap {overlap} stages {stages}: "
-                          f"bit for bit {same}; "
+                    print(f"{scheme} {model} T={t} split {split} block_n {block_n} overlap {overlap} stages "
+                          f"{stages}: bit for bit {same}; "
                           f"max |diff| {(got.float() - want.float()).abs().max().item():.3g}", flush=True)
 PY
   echo "smoke: rc=$? $(grep -c 'bit for bit True' $OUT/smoke.log) True, $(grep -c 'bit for bit False' $OUT/smoke.log) False"
   grep -E "False|Error" $OUT/smoke.log | head
-  [ "$PART" = smoke ] && exit 0
-  MOE_CONFORMANCE_GLUON_BLOCK_N=128 timeout 150 python3 -m pytest -p no:cacheprovider -q -n 8 -m $HOST \
-    suites/test_conformance.py suites/test_special_values.py -k "triton_bitplace_gluon" > $OUT/conformance-bn128.log 2>&1
-  echo "conformance, triton_bitplace_gluon block_n 128: rc=$? $(tail -1 $OUT/conformance-bn128.log)"
-  grep -E "^(FAILED|ERROR)" $OUT/conformance-bn128.log | head -5
+  ;;
+check)
+  for env in MOE_CONFORMANCE_GLUON_BLOCK_N=128 MOE_CONFORMANCE_GLUON_OVERLAP=1; do
+    env $env timeout 150 python3 -m pytest -p no:cacheprovider -q -n 8 -m $HOST suites/test_conformance.py \
+      suites/test_special_values.py -k "triton_bitplace_gluon" > $OUT/conformance-$env.log 2>&1
+    echo "conformance, triton_bitplace_gluon, $env: rc=$? $(tail -1 $OUT/conformance-$env.log)"
+    grep -E "^(FAILED|ERROR)" $OUT/conformance-$env.log | head -5
+  done
   for tool in memcheck synccheck racecheck; do
     timeout 100 compute-sanitizer --tool $tool python3 tools/sanitize_kernels.py > $OUT/$tool.log 2>&1
     echo "$tool: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' $OUT/$tool.log | tail -1)"
@@ -62,7 +71,8 @@ PY
   done
   ;;
 tune-quick)
-  # what session 18's last 2 device minutes ran: block_n 64 / 128 at 4 slots, schedule 0, split 1 / 2
+  # what session 18's last 2 device minutes ran: block_n 64 / 128 at 4 slots, schedule 0, split 1 / 2 (with
+  # tools/tune_moe.py's grid of commit 84fa5aa, where block_n was a sweep key; it is not since)
   mkdir -p $OUT/tune && OUT=$OUT/tune timeout 110 python3 tools/tune_moe.py --case gpt-oss-120b/w_mxfp4/triton_bitplace_gluon \
     --case kimi-k2/w_mxfp4/triton_bitplace_gluon --tokens 1 8 64 --where num_stages=4 --where split_k=1,2 \
     --where mma_overlap=0 > $OUT/tune.log 2>&1
@@ -85,7 +95,9 @@ tune-w2)
 bench)
   for bn in 64 128; do
     t0=$(date +%s)
-    MOE_CONFORMANCE_GLUON_BLOCK_N=$bn timeout 250 make bench PY=python3 SETUP= BENCH_ARGS='-k "(gpt-oss-120b or kimi-k2) and (T1/ or T8/ or T64/) and w_mxfp4/ and triton_bitplace_gluon"' \
+    filter='(gpt-oss-120b or kimi-k2) and (T1/ or T8/ or T64/) and (w_mxfp4/ or w_nvfp4/) and triton_bitplace'
+    [ $bn = 128 ] && filter='(gpt-oss-120b or kimi-k2) and (T1/ or T8/ or T64/) and w_mxfp4/ and triton_bitplace_gluon'
+    MOE_CONFORMANCE_GLUON_BLOCK_N=$bn timeout $([ $bn = 64 ] && echo 400 || echo 150) make bench PY=python3 SETUP= BENCH_ARGS="-k \"$filter\"" \
       > $OUT/bench-bn$bn.log 2>&1
     echo "bench block_n $bn: rc=$? $(( $(date +%s) - t0 )) s"
     mkdir -p $OUT/bench-bn$bn && cp bench/table.md bench/results.json $OUT/bench-bn$bn/ 2>/dev/null
