@@ -158,7 +158,8 @@ def test_the_kernels_a_forward_launches_compile_for_sm90_without_a_gpu():
                                 f"mma_overlap={overlap}", "--configure", f"block_n={block_n}", "--configure",
                                 "block_m=16", "--configure", "num_warps=4", "--intermediate", "384"],
                                capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[1],
-                               env=dict(os.environ, TRITON_INTERPRET="0", MOE_CONFORMANCE_BITPLACE_GLUON="1"))
+                               env=dict(os.environ, TRITON_INTERPRET="0", MOE_CONFORMANCE_BITPLACE_GLUON="1",
+                                        MOE_CONFORMANCE_GLUON_NVFP4="1"))
         assert gluon.returncode == 0, gluon.stdout[-3000:] + gluon.stderr[-3000:]
         assert sum(line.startswith("compiled bitplace_partials_kernel") for line in gluon.stdout.splitlines()) == 2, \
             (overlap, block_n, case, gluon.stdout)

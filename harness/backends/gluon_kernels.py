@@ -21,7 +21,8 @@ consumer warps against 12), the activation rows loaded once for both tiles; bit 
 from 8 tokens on (results/gpu-issue28/run-9), so a launch parameter, not the default.
 NVFP4 (W_NV): a tile's 8 scale bytes a row come as one [2, 256] box; the factors (E4M3 x 2^119, exact in bf16) are
 built per block by triton_kernels._nvfp4_factor_words, moe_gemm_kernel's own; 428 SASS a step for the gated
-tiles against moe_gemm_kernel's 531 (Triton 3.6 for sm90), not yet run on a GPU (results/gpu-issue28/run-9).
+tiles against moe_gemm_kernel's 531 (Triton 3.6 for sm90), not yet run on a GPU (results/gpu-issue28/run-9), so
+opt-in (MOE_CONFORMANCE_GLUON_NVFP4=1).
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@
 # bench: make bench's MXFP4 and NVFP4 W4A16 rows of triton_bitplace and triton_bitplace_gluon, then the Gluon MXFP4
 # rows with block_n 128.
 export PYTHONUNBUFFERED=1
+export MOE_CONFORMANCE_GLUON_NVFP4=1  # NVFP4 through the Gluon kernel, opt-in until this run checks it
 HOST=$(python3 -m harness platforms --host)
 case "${PART:-smoke}" in
 smoke)
