@@ -149,20 +149,45 @@ def test_the_kernels_a_forward_launches_compile_for_sm90_without_a_gpu():
     # the warp-specialised Gluon decode GEMM (harness/backends/gluon_kernels.py, opt-in): GEMM1 gated, GEMM2 not,
     # MXFP4 and NVFP4, in each of the consumer's three schedules (GEMM2's K 3 chunks, so that schedule 1's two-step
     # loop is compiled, not folded), with one and two consumer warpgroups a program, its layout conversions to the
-    # wgmma operand asserted trivial by the compiler
-    for overlap, block_n, case in ((0, 64, "w_mxfp4/SWIGLUOAI"), (1, 64, "w_mxfp4/SWIGLUOAI"),
-                                   (2, 64, "w_mxfp4/SWIGLUOAI"), (0, 128, "w_mxfp4/SWIGLUOAI"),
-                                   (2, 128, "w_mxfp4/SWIGLUOAI"), (0, 64, "w_nvfp4/SILU"), (1, 128, "w_nvfp4/SILU")):
+    # wgmma operand asserted trivial by the compiler; pdl 1: the chain as programmatic dependents, each dependent's
+    # PTX checked against triton_kernels.PDL_ORDER (compile_check.dependent_launch_violations)
+    for overlap, block_n, case, pdl in ((0, 64, "w_mxfp4/SWIGLUOAI", 0), (1, 64, "w_mxfp4/SWIGLUOAI", 0),
+                                        (2, 64, "w_mxfp4/SWIGLUOAI", 0), (0, 128, "w_mxfp4/SWIGLUOAI", 0),
+                                        (2, 128, "w_mxfp4/SWIGLUOAI", 0), (0, 64, "w_nvfp4/SILU", 0),
+                                        (1, 128, "w_nvfp4/SILU", 0), (0, 64, "w_mxfp4/SWIGLUOAI", 1),
+                                        (1, 128, "w_nvfp4/SILU", 1)):
         gluon = subprocess.run([sys.executable, "-m", "harness.backends.compile_check", "--tokens", "1", "--case",
                                 f"triton_bitplace/{case}", "--skip", "moe_align_kernel", "--configure",
                                 f"mma_overlap={overlap}", "--configure", f"block_n={block_n}", "--configure",
-                                "block_m=16", "--configure", "num_warps=4", "--intermediate", "384"],
+                                "block_m=16", "--configure", "num_warps=4", "--configure", f"pdl={pdl}",
+                                "--intermediate", "384"],
                                capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[1],
                                env=dict(os.environ, TRITON_INTERPRET="0", MOE_CONFORMANCE_BITPLACE_GLUON="1",
                                         MOE_CONFORMANCE_GLUON_NVFP4="1"))
         assert gluon.returncode == 0, gluon.stdout[-3000:] + gluon.stderr[-3000:]
-        assert sum(line.startswith("compiled bitplace_partials_kernel") for line in gluon.stdout.splitlines()) == 2, \
+        lines = gluon.stdout.splitlines()
+        assert sum(line.startswith("compiled bitplace_partials_kernel") for line in lines) == 2, \
             (overlap, block_n, case, gluon.stdout)
+        # GEMM1, its epilogue, GEMM2 and the top-k sum, each a dependent that waits first
+        assert sum(line.startswith("dependent launch of") for line in lines) == (4 if pdl else 0), gluon.stdout
+
+
+def test_a_dependent_launch_that_reads_or_writes_before_its_wait_is_reported():
+    """compile_check.dependent_launch_violations on PTX as the compiler writes it: a dependent that never waits,
+    stores before its wait, or loads before it (beyond GEMM2's one load of its block's expert) is reported."""
+    from harness.backends.compile_check import dependent_launch_violations as violations
+
+    wait = "griddepcontrol.wait; // dummy %r1"
+    load = "ld.global.b32 { %r2 }, [ %rd1 + 0 ];"
+    store = "st.global.b32 [ %rd2 + 0 ], { %r3 };"
+    prefetch = "{ .reg .pred p; setp.ne.s32 p, %r4, 0; @p cp.async.bulk.prefetch.L2.global [%rd3], %r5; }"
+    assert violations("\n".join([wait, load, store]), {"PDL": True}) == []
+    assert violations("\n".join([load, prefetch, wait, load]), {"PDL": 2}) == []
+    assert "never waits" in violations("\n".join([load, store]), {"PDL": True})[0]
+    assert "writes" in violations("\n".join([store, wait]), {"PDL": True})[0]
+    assert "global loads" in violations("\n".join([load, wait]), {"PDL": 1})[0]
+    assert "global loads" in violations("\n".join([load, load, prefetch, wait]), {"PDL": 2})[0]
+    assert "writes" in violations("\n".join(["cp.async.ca.shared.global [%r1], [%rd1], 16;", wait]), {"PDL": 2})[0]
 
 
 def test_the_activation_quantizers_read_bf16_exactly_subnormals_included():

@@ -33,7 +33,7 @@ LAUNCHED_KERNELS = ("moe_gemm_kernel", "moe_align_kernel", "mx_quantize_kernel",
                     "bitplace_partials_kernel")
 _DTYPES = {torch.bfloat16: "bf16", torch.float32: "fp32", torch.uint8: "u8", torch.int32: "i32", torch.int64: "i64",
            torch.float16: "fp16", torch.int8: "i8", torch.int16: "i16"}
-_OPTIONS = ("num_warps", "num_stages", "maxnreg")
+_OPTIONS = ("num_warps", "num_stages", "maxnreg", "launch_pdl")
 
 
 class _Recorded(list):
@@ -111,6 +111,26 @@ def compile_launch(fn, args: tuple, kwargs: dict, target=SM90):
     return triton.compile(src, target=GPUTarget(*target), options=options)
 
 
+def dependent_launch_violations(ptx: str, kwargs: dict) -> list[str]:
+    """A programmatic dependent's PTX against triton_kernels.PDL_ORDER: it waits (griddepcontrol.wait), stores
+    nothing before its wait and loads nothing before it but, in GEMM2's mode (PDL 2), its block's expert (one
+    ld.global: the routing, complete before it starts; its weights go to L2 by bulk prefetch, which is no load)."""
+    lines = ptx.splitlines()
+    waits = [i for i, line in enumerate(lines) if "griddepcontrol.wait" in line]
+    if not waits:
+        return ["launched as a programmatic dependent but never waits (griddepcontrol.wait)"]
+    before = lines[:waits[0]]
+    problems = []
+    stores = [line.strip() for line in before if line.strip().startswith(("st.global", "atom.", "red.", "cp.async"))
+              and "prefetch" not in line]
+    if stores:
+        problems.append(f"writes or copies before its wait: {stores[:3]}")
+    loads = [line.strip() for line in before if "ld.global" in line]
+    if len(loads) > (1 if kwargs.get("PDL") == 2 else 0):
+        problems.append(f"{len(loads)} global loads before its wait: {loads[:3]}")
+    return problems
+
+
 def main(argv=None) -> int:
     from harness.backends import load_backend
     from reference.checkpoints import make_checkpoint
@@ -145,8 +165,14 @@ def main(argv=None) -> int:
                 seen.add(key)
                 t0 = time.time()
                 try:
-                    compile_launch(fn, a, kw)
+                    compiled = compile_launch(fn, a, kw)
                     print(f"compiled {name} for sm90 ({time.time() - t0:.1f} s; {case}, {tokens} tokens)", flush=True)
+                    problems = dependent_launch_violations(compiled.asm["ptx"], kw) if kw.get("launch_pdl") else []
+                    if problems:
+                        failed += 1
+                        print(f"FAILED {name} ({case}, {tokens} tokens): {'; '.join(problems)}", flush=True)
+                    elif kw.get("launch_pdl"):
+                        print(f"dependent launch of {name}: waits before any other load or store", flush=True)
                 except Exception as exc:  # noqa: BLE001 - every failing kernel is reported; the exit status says so
                     failed += 1
                     cause = f" ({type(exc.__cause__).__name__}: {exc.__cause__})" if exc.__cause__ else ""

@@ -35,6 +35,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from . import triton_kernels as K  # its tl.jit bit placement, called from Gluon (resolved when compiled)
+from .triton_kernels import gdc_launch_dependents, gdc_wait
 
 # the loads by their Triton 3.6 names (the H200's) or the later ones (this venv's 3.9 removed the old names)
 _cp_async = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
@@ -151,6 +152,37 @@ def _scale_box_at(chunk_row, first_row, N_ROWS, W_NV: gl.constexpr):
         return [chunk_row * (N_ROWS // 32) + first_row // 32, 0]
     else:
         return [chunk_row, first_row * 4]
+
+
+PREFETCH_ITEMS = gl.constexpr(gl.BlockedLayout([1], [32], [4], [0]))  # 128 prefetches, one a thread of 4 warps
+
+
+@gluon.jit
+def _prefetch_l2(at, nbytes, ok):
+    """cp.async.bulk.prefetch.L2 of nbytes (a multiple of 16) at each of `at` (16-byte aligned) where ok."""
+    gl.inline_asm_elementwise("{ .reg .pred p; setp.ne.s32 p, $3, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; }",
+                              "=r,l,r,r", [at, nbytes, ok.to(gl.int32)], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _prefetch_program_weights(codes_ptr, scales_ptr, code_row, scale_row, g_col, c_lo, c_hi, chunks, N_ROWS,
+                              TILES: gl.constexpr, PER_CHUNK: gl.constexpr):
+    """This program's codes and block scales (ungated: 64 TILES rows from g_col, chunks c_lo .. c_hi - 1) into L2,
+    while the kernel before it still runs (PDL_ORDER): each row pair's chunks are one run of (c_hi - c_lo) x 128
+    bytes (pair_rows), each chunk's scales of the program's rows one run of 64 TILES x PER_CHUNK bytes
+    (scales_by_chunk). One prefetch a thread; chunks past the first round's threads in further rounds."""
+    i = gl.arange(0, 128, layout=PREFETCH_ITEMS)
+    CODE_ITEMS: gl.constexpr = 32 * TILES
+    is_code = i < CODE_ITEMS
+    code_at = codes_ptr + ((code_row + g_col // 2 + i).to(gl.int64) * chunks + c_lo) * 128
+    c = c_lo + i - CODE_ITEMS
+    scale_at = scales_ptr + ((scale_row + c).to(gl.int64) * N_ROWS + g_col) * PER_CHUNK
+    _prefetch_l2(gl.where(is_code, code_at, scale_at), gl.where(is_code, (c_hi - c_lo) * 128, 64 * TILES * PER_CHUNK),
+                 is_code | (c < c_hi))
+    for c0 in range(c_lo + 128 - CODE_ITEMS, c_hi, 128):
+        c = c0 + i
+        _prefetch_l2(scales_ptr + ((scale_row + c).to(gl.int64) * N_ROWS + g_col) * PER_CHUNK,
+                     (i & 0) + 64 * TILES * PER_CHUNK, c < c_hi)
 
 
 @gluon.jit
@@ -278,14 +310,21 @@ def bitplace_partials_kernel(codes_desc, scales_desc, a_ptr, out_ptr, sorted_row
                              STAGES: gl.constexpr,
                              SPLIT_K: gl.constexpr, OVERLAP: gl.constexpr, TILES: gl.constexpr, ACC_L: gl.constexpr,
                              DOT: gl.constexpr, PAIRS: gl.constexpr, ROWS3: gl.constexpr, SVIEW: gl.constexpr,
-                             XS: gl.constexpr, XL: gl.constexpr):
+                             XS: gl.constexpr, XL: gl.constexpr, codes_ptr=None, scales_ptr=None,
+                             PDL: gl.constexpr = 0):
     """fp32 partial sums [SPLIT_K, pairs, 2, N_OUT] of expert block program_id(0) (16 pairs), output rows
     64 TILES program_id(1) .. + 64 TILES - 1 (gate; up N_OUT rows on when GATED), K chunks of share program_id(2).
-    TILES 2: two consumer warpgroups, a 64-row tile each, on one ring (the activation rows loaded once)."""
+    TILES 2: two consumer warpgroups, a 64-row tile each, on one ring (the activation rows loaded once).
+    PDL (a programmatic dependent, triton_kernels.PDL_ORDER): 1 waits at entry (GEMM1: its block's expert comes from
+    the kernel before); 2 (ungated: GEMM2) prefetches its weights into L2 from codes_ptr / scales_ptr (the bytes
+    behind the descriptors) first, then waits; both then let the next kernel launch."""
     pid_m = gl.program_id(0)
     pid_n = gl.program_id(1)
     pid_s = gl.program_id(2)
     BM: gl.constexpr = 16
+    if PDL == 1:
+        gdc_wait()
+        gdc_launch_dependents()
     expert = gl.load(block_expert_ptr + pid_m)
     if expert >= 0:
         per = gl.cdiv(chunks, SPLIT_K)
@@ -293,6 +332,11 @@ def bitplace_partials_kernel(codes_desc, scales_desc, a_ptr, out_ptr, sorted_row
         c_hi = gl.minimum(c_lo + per, chunks)
         g_col = pid_n * (64 * TILES)  # the first tile's first gate row (row pairs: the gate rows, then the up rows)
         NB: gl.constexpr = 2 if GATED else 1
+        if PDL == 2:
+            _prefetch_program_weights(codes_ptr, scales_ptr, expert * (N_ROWS // 2), expert * chunks, g_col, c_lo,
+                                      c_hi, chunks, N_ROWS, TILES, 8 if W_NV else 4)
+            gdc_wait()  # the activation rows (the epilogue kernel's) and every write come after
+            gdc_launch_dependents()
         code_s = gl.allocate_shared_memory(gl.int32, [STAGES * TILES * NB, 32, 32], codes_desc.layout)
         SB: gl.constexpr = 2 if W_NV else 1  # rows of 256 scale bytes a tile: 4 (MX) or 8 (NVFP4) bytes a row
         scale_s = gl.allocate_shared_memory(gl.uint8, [STAGES * TILES * NB, SB, 256], scales_desc.layout)
@@ -342,12 +386,16 @@ def scales_by_chunk(scales, n_rows: int, chunks: int, per_chunk: int = 4):
 
 def launch_bitplace_partials(launcher, codes, scales_t, a, partials, sorted_rows, block_expert, n_pairs: int,
                              a_row_div: int, n_out: int, n_rows: int, k_dim: int, gated: bool, split_k: int,
-                             stages: int, maxnreg: int, overlap: int = 0, tiles: int = 1, nvfp4: bool = False):
+                             stages: int, maxnreg: int, overlap: int = 0, tiles: int = 1, nvfp4: bool = False,
+                             pdl: int = 0):
     """One launch of bitplace_partials_kernel through `launcher` (triton_kernels' attribute, so that
     compile_check can record it): codes [E, N_ROWS, chunks * 64] bytes (rows in pairs), scales_t from
     scales_by_chunk, partials fp32 [split_k, n_pairs, 2, n_out]; overlap: the consumer's schedule (_consumer);
     tiles: 64-row tiles (consumer warpgroups) a program, 1 or 2; nvfp4: NVFP4 weights (scales_t of 8 bytes a row
-    and chunk, read as rows of 256 bytes: n_rows and n_out multiples of 32)."""
+    and chunk, read as rows of 256 bytes: n_rows and n_out multiples of 32); pdl: 0, or the kernel's PDL mode as a
+    programmatic dependent (1 GEMM1, 2 GEMM2: ungated only; triton_kernels.PDL_ORDER)."""
+    if pdl == 2 and gated:
+        raise ValueError("pdl 2 (weights prefetched before the wait) is GEMM2's mode: ungated tiles only")
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     e = codes.shape[0]
@@ -362,4 +410,5 @@ def launch_bitplace_partials(launcher, codes, scales_t, a, partials, sorted_rows
     return launcher[grid](codes_desc, scales_desc, a, partials, sorted_rows, block_expert, n_pairs, a_row_div, n_out,
                           n_rows, k_dim, chunks, GATED=gated, W_NV=nvfp4, STAGES=stages, SPLIT_K=split_k, OVERLAP=overlap,
                           TILES=tiles, ACC_L=ACC, DOT=DOT_A, PAIRS=CODE_PAIRS, ROWS3=CODE_ROWS, SVIEW=SCALE_ROWS,
-                          XS=X_SMEM, XL=X_LOAD, num_warps=4, maxnreg=maxnreg)
+                          XS=X_SMEM, XL=X_LOAD, num_warps=4, maxnreg=maxnreg,
+                          **(dict(codes_ptr=codes, scales_ptr=scales_t, PDL=pdl, launch_pdl=True) if pdl else {}))

@@ -144,13 +144,15 @@ class TritonBitplaceBackend(TritonEmulationBackend):
         stages, maxnreg = max(2, tiles["num_stages"]), tiles.get("maxnreg") or GLUON_MAXNREG
         overlap = tiles.get(f"{which}_mma_overlap", tiles.get("mma_overlap", GLUON_OVERLAP))  # GEMM2's may differ
         per_program = block_n // 64  # 64-row tiles a program: one consumer warpgroup each
+        # programmatic dependent launch (triton_kernels.PDL_ORDER): GEMM1 waits at entry, GEMM2 prefetches first
+        pdl = (1 if which == "w13" else 2) if tiles.get("pdl") else 0
 
         def run(a, partials, sorted_rows, block_expert, n_pairs, a_row_div, n_out, n_rows, k_dim, gated, split_k):
             if a.data_ptr() % 16 or a.stride() != (k_dim, 1):  # cp.async moves 16-byte runs of whole rows: a view
                 a = a.clone(memory_format=torch.contiguous_format)  # at an odd offset goes through a fresh copy
             return launch_bitplace_partials(triton_kernels.bitplace_partials_kernel, codes, scales, a, partials,
                                             sorted_rows, block_expert, n_pairs, a_row_div, n_out, n_rows, k_dim,
-                                            gated, split_k, stages, maxnreg, overlap, per_program, nvfp4)
+                                            gated, split_k, stages, maxnreg, overlap, per_program, nvfp4, pdl)
         return run
 
 
@@ -291,6 +293,10 @@ GLUON_OVERLAP = int(os.environ.get("MOE_CONFORMANCE_GLUON_OVERLAP", "0"))
 GLUON_BLOCK_N = int(os.environ.get("MOE_CONFORMANCE_GLUON_BLOCK_N", "64"))
 # NVFP4 W4A16 through the Gluon kernel: compiled and replayed in torch on the CPU, not yet run on a GPU; opt-in
 GLUON_NVFP4 = os.environ.get("MOE_CONFORMANCE_GLUON_NVFP4", "0") == "1"
+# the decode chain as programmatic dependent launches (triton_kernels.PDL_ORDER: each kernel may start under the
+# one before, GEMM2 prefetching its weights into L2 while GEMM1 ends): compiled for sm90 on the CPU, not yet run
+# on a GPU, so off by default (MOE_CONFORMANCE_GLUON_PDL=1, or the tiles' `pdl` key: tools/tune_moe.py)
+GLUON_PDL = int(os.environ.get("MOE_CONFORMANCE_GLUON_PDL", "0"))
 
 
 class TritonBitplaceGluonBackend(TritonBitplaceBackend):
@@ -309,6 +315,8 @@ class TritonBitplaceGluonBackend(TritonBitplaceBackend):
             tiles["block_n"] = GLUON_BLOCK_N
             if "split_k_programs" in tiles:
                 tiles["split_k_programs"] = GLUON_SPLIT_K_PROGRAMS
+        if tiles["block_m"] == 16:
+            tiles.setdefault("pdl", GLUON_PDL)
         return tiles
 
     def supports(self, problem, platform) -> tuple[bool, str]:

@@ -80,13 +80,14 @@ class Prepared:
 FUSED_ALIGN_MAX_PAIRS = 1024
 
 TILE_KEYS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "w2_block_n", "maxnreg", "mma_steps",
-             "split_k", "mma_overlap", "w2_mma_overlap")
+             "split_k", "mma_overlap", "w2_mma_overlap", "pdl")
 # optional keys: w2_block_n (GEMM2's N tile where it differs from GEMM1's), maxnreg (a register cap per thread, so
 # that more programs fit on a multiprocessor; 0 = the compiler's choice), mma_steps (triton_bitplace: MMA steps per
 # 128-value chunk, 1 or 2; 2 holds half the decoded tile in registers), split_k (triton_bitplace: the K chunks
 # shared among this many programs per tile, fp32 partial sums added in order by splitk_epilogue_kernel: more
 # programs when few tokens leave SMs idle), mma_overlap (triton_bitplace_gluon: the consumer's schedule, 0-2,
-# triton_bitplace.GLUON_OVERLAP; w2_mma_overlap GEMM2's, one tile a step, where it differs). A table row may give
+# triton_bitplace.GLUON_OVERLAP; w2_mma_overlap GEMM2's, one tile a step, where it differs), pdl (triton_bitplace_gluon
+# at decode: 1 launches the chain as programmatic dependents, triton_kernels.PDL_ORDER). A table row may give
 # split_k_programs instead: split_k then is the fewest splits that give GEMM1 that many programs (split_k_to_fill)
 # (max pairs, weight kinds or None for any, tiles), first match wins. Decode rows from the H200 sweep
 # of tools/tune_moe.py --quick (results/gpu-issue8/tune.json); prefill rows from its prefill sweep.
@@ -199,7 +200,8 @@ class TritonEmulationBackend:
         fold_nvfp4 = self.fold_epilogues and aq is not None and aq.kind is NVFP4
         a1 = torch.empty(t, h, dtype=torch.bfloat16, device=dev) if fold_nvfp4 and p <= FUSED_ALIGN_MAX_PAIRS else None
         sorted_rows, block_expert = self._align(topk_ids, ckpt.num_experts, tiles["block_m"],
-                                                nvfp4=None if a1 is None else (x.contiguous(), prepared.a1_scale, a1))
+                                                nvfp4=None if a1 is None else (x.contiguous(), prepared.a1_scale, a1),
+                                                pdl=bool(tiles.get("pdl")))
         if a1 is None:
             a1, a1_mode, a1_scale = self._quantize_activation(x, prepared.a1_scale, aq, fp8_fmt)
         else:
@@ -329,14 +331,15 @@ class TritonEmulationBackend:
         _, s, v = self._fp8(x2, fmt, None, group, values=True)
         return v, 2, s
 
-    def _align(self, topk_ids, num_experts, bm: int, nvfp4=None):
+    def _align(self, topk_ids, num_experts, bm: int, nvfp4=None, pdl: bool = False):
         """Pairs (token, k) sorted by expert, each expert's run padded to BLOCK_M with the sentinel P, and each
         block's expert (-1 for unused blocks). Sized for the worst case (sum over experts of ceil(count /
         BLOCK_M) <= ceil(P / BLOCK_M) + min(E, P) blocks) so that nothing is read back to the host. Up to
         FUSED_ALIGN_MAX_PAIRS pairs one Triton program does it (moe_align_kernel: at decode the dozen torch
         launches of _align_torch cost more than the GEMMs' weight streaming at one token); above, torch.
         nvfp4=(x, tensor scale, out) (up to FUSED_ALIGN_MAX_PAIRS pairs): the same launch stores x's NVFP4
-        activation values into out, nvfp4_quantize_kernel's bit for bit."""
+        activation values into out, nvfp4_quantize_kernel's bit for bit. pdl: the kernel lets GEMM1, launched as its
+        programmatic dependent, start at once (triton_kernels.PDL_ORDER)."""
         flat = topk_ids.reshape(-1)
         p = flat.numel()
         if p > FUSED_ALIGN_MAX_PAIRS:
@@ -360,7 +363,7 @@ class TritonEmulationBackend:
         programs = 1 + (triton_cdiv(quant["x_rows"], 16) * quant["x_cols"] // 16 if quant else 0)
         K.moe_align_kernel[(programs,)](flat.contiguous(), scratch, sorted_rows, block_expert, p, max_blocks,
                                         BLOCK_M=bm, BLOCK_P=max(16, triton.next_power_of_2(p)), BLOCK_E=block_e,
-                                        CHUNK=16, num_warps=4, **quant)
+                                        CHUNK=16, num_warps=4, **quant, **(dict(PDL=True) if pdl else {}))
         return sorted_rows, block_expert
 
     def _partials_kernel(self, prep, which, a_mode, tiles, quantize_nvfp4, n_out, n_rows, k_dim):
@@ -447,17 +450,19 @@ class TritonEmulationBackend:
             return quantize
         operands = (a_scale if a_mode else dummy, expert_scale if expert_scale is not None else dummy,
                     bias if bias is not None else dummy)
+        # programmatic dependents (triton_kernels.PDL_ORDER): each waits in the kernel for its predecessor
+        dependent = dict(PDL=True, launch_pdl=True) if tiles.get("pdl") else {}
         if topk_sum is not None and not apply_act:  # one launch fewer at decode (issue 28)
             weights, out_tokens = topk_sum
             K.splitk_topk_reduce_kernel[(out_tokens.shape[0], triton_cdiv(n_out, TOPK_BLOCK_H))](
                 target, topk_ids.reshape(-1), weights, *operands, out_tokens, n_pairs, n_out, n_rows,
                 SPLIT_K=split_k, TOP_K=topk_ids.shape[1], A_SCALE=a_mode, HAS_EXPERT_SCALE=expert_scale is not None,
-                HAS_BIAS=bias is not None, BLOCK_H=TOPK_BLOCK_H)
+                HAS_BIAS=bias is not None, BLOCK_H=TOPK_BLOCK_H, **dependent)
             return True
         bp, bn = 16, 64
         K.splitk_epilogue_kernel[(triton_cdiv(n_pairs, bp), triton_cdiv(n_out, bn))](
             target, topk_ids.reshape(-1), *operands, out, n_pairs, n_out, n_rows, *scalars, SPLIT_K=split_k,
-            BLOCK_P=bp, BLOCK_N=bn, q_scale_ptr=q_scale, QUANT_NVFP4=quantize, **common)
+            BLOCK_P=bp, BLOCK_N=bn, q_scale_ptr=q_scale, QUANT_NVFP4=quantize, **common, **dependent)
         return quantize
 
 

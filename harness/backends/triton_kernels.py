@@ -25,8 +25,25 @@ if not has_gpu():
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: E402
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+# PDL_ORDER: the decode chain under programmatic dependent launch (Hopper's griddepcontrol; the Gluon backend's
+# `pdl` launch parameter). A kernel launched as a dependent may start while the kernel before it still runs, once
+# every program of that one has executed launch_dependents (or ended); its wait returns when that kernel has ended
+# and its writes are visible. The chain and where each kernel triggers and waits:
+#   moe_align_kernel (not a dependent)   triggers at entry
+#   GEMM1 (bitplace_partials, PDL 1)     waits at entry, then triggers
+#   splitk_epilogue_kernel               triggers at entry, then waits (GEMM2 may start under GEMM1's last wave)
+#   GEMM2 (bitplace_partials, PDL 2)     reads its block's expert and prefetches its weights into L2, then waits,
+#                                        then triggers
+#   splitk_topk_reduce_kernel            waits at entry, then triggers
+# Every dependent waits before it reads its predecessor's output or writes anything (a buffer of the same forward
+# may reuse a predecessor's memory). GEMM2's reads before its wait are of the weights and of moe_align_kernel's
+# block_expert: the epilogue kernel starts only after GEMM1 passed its wait, which returns after moe_align_kernel
+# ended, so the routing is complete before GEMM2 starts. Nothing waits for a kernel that waits for it: a
+# dependent starts only after every program of its predecessor has started (no deadlock at any grid size).
 
 
 def _device(fn):
@@ -788,11 +805,16 @@ def splitk_epilogue_kernel(part_ptr, ids_ptr, a_scale_ptr, expert_scale_ptr, bia
                            HAS_EXPERT_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
                            INTERLEAVED: tl.constexpr, ACT: tl.constexpr, APPLY_ACT: tl.constexpr,
                            HAS_LIMIT: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, q_scale_ptr,
-                           QUANT_NVFP4: tl.constexpr):
+                           QUANT_NVFP4: tl.constexpr, PDL: tl.constexpr = False):
     """The split-K GEMM's sums: partials [SPLIT_K, pairs, 2, N_OUT] (fp32) added in split order, then the GEMM
     epilogue of moe_gemm_kernel (each pair's expert from ids_ptr, the flat top-k ids). QUANT_NVFP4 (GEMM1 of NVFP4
     W4A4): the outputs stored are the next GEMM's NVFP4 activation values (tensor scale q_scale_ptr), the launch
-    of nvfp4_quantize_kernel folded in: the same values, from the same fp32 operations."""
+    of nvfp4_quantize_kernel folded in: the same values, from the same fp32 operations.
+    PDL (launched as a programmatic dependent, PDL_ORDER): the next kernel may start at once (GEMM2 prefetching its
+    weights while GEMM1 ends), then this one waits for GEMM1's partials."""
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
     pair = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
     m_mask = pair < n_pairs
     n_offs = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -818,14 +840,17 @@ def splitk_epilogue_kernel(part_ptr, ids_ptr, a_scale_ptr, expert_scale_ptr, bia
 def moe_align_kernel(ids_ptr, start_ptr, sorted_rows_ptr, block_expert_ptr, n_pairs, max_blocks,
                      BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK: tl.constexpr,
                      x_ptr=None, values_ptr=None, s_dec_ptr=None, x_rows=0, x_cols=16,
-                     QUANT_NVFP4: tl.constexpr = False):
+                     QUANT_NVFP4: tl.constexpr = False, PDL: tl.constexpr = False):
     """The routing glue of the fused MoE in one program, for at most BLOCK_P pairs (decode): pairs (token, k) in
     expert order, stable, each expert's run padded to whole blocks of BLOCK_M with the sentinel n_pairs
     (sorted_rows, max_blocks x BLOCK_M), and the expert of each block, -1 past the used ones (block_expert).
     The same two arrays as the dozen torch ops of TritonEmulationBackend._align_torch, in one launch.
     start_ptr: BLOCK_E int32 of scratch (each expert's first block, gathered back by expert id).
     QUANT_NVFP4: programs 1.. (16 rows x 16 columns each) also store GEMM1's NVFP4 activation values of x
-    (nvfp4_quantize_kernel's, the same _nvfp4_tile): one launch fewer at decode (issue 28, W4A4)."""
+    (nvfp4_quantize_kernel's, the same _nvfp4_tile): one launch fewer at decode (issue 28, W4A4).
+    PDL: GEMM1, a programmatic dependent (PDL_ORDER), may launch at once and wait there for these arrays."""
+    if PDL:
+        gdc_launch_dependents()
     if QUANT_NVFP4:
         tile = tl.program_id(0) - 1
         if tile >= 0:
@@ -862,11 +887,16 @@ def moe_align_kernel(ids_ptr, start_ptr, sorted_rows_ptr, block_expert_ptr, n_pa
 @triton.jit
 def splitk_topk_reduce_kernel(part_ptr, ids_ptr, w_ptr, a_scale_ptr, expert_scale_ptr, bias_ptr, out_ptr, n_pairs, H,
                               N_ROWS, SPLIT_K: tl.constexpr, TOP_K: tl.constexpr, A_SCALE: tl.constexpr,
-                              HAS_EXPERT_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_H: tl.constexpr):
+                              HAS_EXPERT_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_H: tl.constexpr,
+                              PDL: tl.constexpr = False):
     """GEMM2's split-K sums, its epilogue and the top-k sum in one launch (decode, where a launch costs a few us
     beside GEMMs of tens): per token, per pair j in order, the partials [SPLIT_K, pairs, 2, H] added in split order,
     scaled, biased and rounded to bf16 (gemm2_out), then weighted and summed in fp32 and rounded once. The same
-    operations in the same order as splitk_epilogue_kernel followed by topk_reduce_kernel: bit for bit theirs."""
+    operations in the same order as splitk_epilogue_kernel followed by topk_reduce_kernel: bit for bit theirs.
+    PDL (a programmatic dependent, PDL_ORDER): waits for GEMM2's partials before anything else."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     mask = h < H

@@ -4,6 +4,7 @@
 #   PART=check      bash results/gpu-issue28/run-9/run-9.sh   (~4 min)
 #   PART=tune       bash results/gpu-issue28/run-9/run-9.sh   (~4 min)
 #   PART=tune-w2    bash results/gpu-issue28/run-9/run-9.sh   (~1 min)
+#   PART=tune-pdl   bash results/gpu-issue28/run-9/run-9.sh   (~1 min)
 #   PART=bench      bash results/gpu-issue28/run-9/run-9.sh   (~8 min)
 #   PART=tune-quick bash results/gpu-issue28/run-9/run-9.sh   (22 s; what session 18 ran, README.md)
 # Session 18 ran the first smoke (block_n 128 only: 48 of 48 bit for bit) and tune-quick (block_n 128 2-8% slower).
@@ -23,16 +24,19 @@ export MOE_CONFORMANCE_GLUON_NVFP4=1  # NVFP4 through the Gluon kernel, opt-in u
 HOST=$(python3 -m harness platforms --host)
 case "${PART:-smoke}" in
 smoke)
-  timeout 400 python3 - > $OUT/smoke.log 2>&1 <<'PY'
+  timeout 540 python3 - > $OUT/smoke.log 2>&1 <<'PY'
 import torch
 from harness.backends import load_backend
-from harness.bench import MODEL_SHAPES, routed_inputs
+from harness.bench import MODEL_SHAPES, capture, flush_l2, routed_inputs
 from reference.checkpoints import make_checkpoint
 tiles = dict(block_m=16, block_k=128, num_warps=4)
 # (block_n, schedule) variants: two consumer warpgroups (block_n 128); GEMM2 two steps an iteration (schedule 1:
 # 23 chunks on gpt-oss, an odd one last; 16 on Kimi-K2; split 3 ways 8 / 8 / 7 and 6 / 6 / 4); NVFP4 (512-byte
 # scale boxes, the factors of _nvfp4_factor_words)
-variants = {"w_mxfp4": ((128, 0), (128, 2), (64, 1)), "w_nvfp4": ((64, 0), (64, 1), (128, 0))}
+# (block_n, schedule, pdl): pdl 1 launches the chain as programmatic dependents (triton_kernels.PDL_ORDER), its
+# graph replayed 20 times against the eager forward
+variants = {"w_mxfp4": ((128, 0, 0), (128, 2, 0), (64, 1, 0), (64, 0, 1), (128, 1, 1)),
+            "w_nvfp4": ((64, 0, 0), (64, 1, 0), (128, 0, 0), (64, 0, 1))}
 for scheme, model in (("w_mxfp4", "gpt-oss-120b"), ("w_mxfp4", "kimi-k2"), ("w_nvfp4", "gpt-oss-120b"),
                       ("w_nvfp4", "kimi-k2")):
     shape = MODEL_SHAPES[model]
@@ -45,14 +49,21 @@ for scheme, model in (("w_mxfp4", "gpt-oss-120b"), ("w_mxfp4", "kimi-k2"), ("w_n
         ids = torch.randn(t, 8, generator=torch.Generator().manual_seed(t)).topk(shape.top_k).indices.cuda()
         for split in (1, 3):
             want = ref.configure(**tiles, block_n=64, num_stages=3, split_k=split).forward(prep, x, w.float(), ids)
-            for block_n, overlap in variants[scheme]:
+            for block_n, overlap, pdl in variants[scheme]:
                 for stages in (2, 4):
                     got = g.configure(**tiles, block_n=block_n, num_stages=stages, mma_overlap=overlap,
-                                      split_k=split).forward(gp, x, w.float(), ids)
+                                      split_k=split, pdl=pdl).forward(gp, x, w.float(), ids)
                     torch.cuda.synchronize()
                     same = torch.equal(got.view(torch.int16), want.view(torch.int16))
+                    if pdl:  # graph replays (where the launches overlap) against the eager forward
+                        replay, out = capture(lambda: g.launch(gp, x, w.float().contiguous(), ids))
+                        for _ in range(20):
+                            flush_l2()
+                            replay()
+                            torch.cuda.synchronize()
+                            same = same and torch.equal(out.view(torch.int16), want.view(torch.int16))
                     print(f"{scheme} {model} T={t} split {split} block_n {block_n} overlap {overlap} stages "
-                          f"{stages}: bit for bit {same}; "
+                          f"{stages} pdl {pdl}: bit for bit {same}; "
                           f"max |diff| {(got.float() - want.float()).abs().max().item():.3g}", flush=True)
 PY
   echo "smoke: rc=$? $(grep -c 'bit for bit True' $OUT/smoke.log) True, $(grep -c 'bit for bit False' $OUT/smoke.log) False"
@@ -82,7 +93,7 @@ tune-quick)
 tune)
   t0=$(date +%s); mkdir -p $OUT/tune
   OUT=$OUT/tune timeout 400 python3 tools/tune_moe.py --case gpt-oss-120b/w_mxfp4/triton_bitplace_gluon \
-    --case kimi-k2/w_mxfp4/triton_bitplace_gluon --tokens 1 8 64 --where w2_block_n=64 > $OUT/tune.log 2>&1
+    --case kimi-k2/w_mxfp4/triton_bitplace_gluon --tokens 1 8 64 --where w2_block_n=64 --where pdl=0 > $OUT/tune.log 2>&1
   echo "tune: rc=$? $(( $(date +%s) - t0 )) s"; grep -E "best|copy bandwidth" $OUT/tune.log
   ;;
 tune-w2)
@@ -90,8 +101,16 @@ tune-w2)
   t0=$(date +%s); mkdir -p $OUT/tune-w2
   OUT=$OUT/tune-w2 timeout 300 python3 tools/tune_moe.py --case gpt-oss-120b/w_mxfp4/triton_bitplace_gluon \
     --case kimi-k2/w_mxfp4/triton_bitplace_gluon --tokens 1 8 64 --where num_stages=4 --where split_k=1 \
-    --where mma_overlap=0 > $OUT/tune-w2.log 2>&1
+    --where mma_overlap=0 --where pdl=0 > $OUT/tune-w2.log 2>&1
   echo "tune-w2: rc=$? $(( $(date +%s) - t0 )) s"; grep -E "T=|best" $OUT/tune-w2.log
+  ;;
+tune-pdl)
+  # the chain as programmatic dependents (pdl 1) against plain launches, at run-8's default tiles, split 1 / 2
+  t0=$(date +%s); mkdir -p $OUT/tune-pdl
+  OUT=$OUT/tune-pdl timeout 200 python3 tools/tune_moe.py --case gpt-oss-120b/w_mxfp4/triton_bitplace_gluon \
+    --case kimi-k2/w_mxfp4/triton_bitplace_gluon --tokens 1 8 64 --where num_stages=4 --where mma_overlap=0 \
+    --where w2_mma_overlap=0 --where w2_block_n=64 > $OUT/tune-pdl.log 2>&1
+  echo "tune-pdl: rc=$? $(( $(date +%s) - t0 )) s"; grep -E "T=|best" $OUT/tune-pdl.log
   ;;
 bench)
   for bn in 64 128; do
