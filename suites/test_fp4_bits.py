@@ -535,14 +535,16 @@ def test_the_gluon_gemm_takes_exactly_the_launches_its_contract_covers(monkeypat
     from harness.backends import gluon_kernels
 
     seen = []
-    monkeypatch.setattr(gluon_kernels, "launch_bitplace_partials", lambda *args: seen.append(args[-5:]))
-    tiles = dict(decode, num_stages=3, mma_overlap=1, w2_mma_overlap=2, w2_block_n=128)
-    for which in ("w13", "w2"):
-        run = gluon._partials_kernel(prep, which, 0, tiles, None, 128, 256, 256)
-        run(torch.zeros(2, 256, dtype=torch.bfloat16), None, None, None, 2, 1, 128, 256, 256, which == "w13", 1)
-    assert seen == [(3, GLUON_MAXNREG, 1, 1, False), (3, GLUON_MAXNREG, 2, 2, False)], seen
-    # NVFP4 W4A16 (8 scale bytes a row and chunk, read as 256-byte box rows), opt-in until an H200 run checks it:
-    # N_ROWS and N_OUT multiples of 32
+    monkeypatch.setattr(gluon_kernels, "launch_bitplace_partials", lambda *args: seen.append(args[-6:]))
+    for pdl in (0, 1):  # pdl: GEMM1 waits at entry (mode 1), GEMM2 prefetches first (mode 2)
+        tiles = dict(decode, num_stages=3, mma_overlap=1, w2_mma_overlap=2, w2_block_n=128, pdl=pdl)
+        for which in ("w13", "w2"):
+            run = gluon._partials_kernel(prep, which, 0, tiles, None, 128, 256, 256)
+            run(torch.zeros(2, 256, dtype=torch.bfloat16), None, None, None, 2, 1, 128, 256, 256, which == "w13", 1)
+    assert seen == [(3, GLUON_MAXNREG, 1, 1, False, 0), (3, GLUON_MAXNREG, 2, 2, False, 0),
+                    (3, GLUON_MAXNREG, 1, 1, False, 1), (3, GLUON_MAXNREG, 2, 2, False, 2)], seen
+    # NVFP4 W4A16 (8 scale bytes a row and chunk, read as 256-byte box rows; MOE_CONFORMANCE_GLUON_NVFP4=0 turns
+    # it off): N_ROWS and N_OUT multiples of 32
     from harness.backends import triton_bitplace
 
     nv = make_checkpoint("w_nvfp4", "SWIGLUOAI", 2, 256, 128, seed=0, with_bias=True)
@@ -555,4 +557,4 @@ def test_the_gluon_gemm_takes_exactly_the_launches_its_contract_covers(monkeypat
     assert gluon._partials_kernel(nv_prep, "w13", 0, decode, None, 112, 224, 256) is None  # 112 rows: 3.5 x 32
     gluon._partials_kernel(nv_prep, "w2", 0, decode, None, 256, 256, 128)(
         torch.zeros(2, 128, dtype=torch.bfloat16), None, None, None, 2, 1, 256, 256, 128, False, 1)
-    assert seen[-1][-1] is True, seen
+    assert seen[-1][-2] is True, seen

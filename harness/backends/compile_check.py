@@ -33,7 +33,7 @@ LAUNCHED_KERNELS = ("moe_gemm_kernel", "moe_align_kernel", "mx_quantize_kernel",
                     "bitplace_partials_kernel")
 _DTYPES = {torch.bfloat16: "bf16", torch.float32: "fp32", torch.uint8: "u8", torch.int32: "i32", torch.int64: "i64",
            torch.float16: "fp16", torch.int8: "i8", torch.int16: "i16"}
-_OPTIONS = ("num_warps", "num_stages", "maxnreg", "launch_pdl")
+_OPTIONS = ("num_warps", "num_stages", "maxnreg", "launch_pdl", "enable_fp_fusion")
 
 
 class _Recorded(list):
@@ -107,7 +107,7 @@ def compile_launch(fn, args: tuple, kwargs: dict, target=SM90):
             raise TypeError(f"{fn.fn.__name__}: argument {param.name} of type {type(value).__name__}")
     source = GluonASTSource if fn.is_gluon() else triton.compiler.ASTSource
     src = source(fn=fn, signature=signature, constexprs=constexprs, attrs=aligned)
-    options = {k: kwargs[k] for k in _OPTIONS if kwargs.get(k)}
+    options = {k: kwargs[k] for k in _OPTIONS if kwargs.get(k) is not None}
     return triton.compile(src, target=GPUTarget(*target), options=options)
 
 

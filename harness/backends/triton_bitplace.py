@@ -291,12 +291,21 @@ GLUON_OVERLAP = int(os.environ.get("MOE_CONFORMANCE_GLUON_OVERLAP", "0"))
 # 8 tokens on, faster only at Kimi-K2 one token, results/gpu-issue28/run-9);
 # MOE_CONFORMANCE_GLUON_BLOCK_N=128 for A/B runs of the suites, sanitizers and make bench
 GLUON_BLOCK_N = int(os.environ.get("MOE_CONFORMANCE_GLUON_BLOCK_N", "64"))
-# NVFP4 W4A16 through the Gluon kernel: compiled and replayed in torch on the CPU, not yet run on a GPU; opt-in
-GLUON_NVFP4 = os.environ.get("MOE_CONFORMANCE_GLUON_NVFP4", "0") == "1"
+# GEMM2's (ungated: one tile a step, its MMA exposed): 128, two consumer warpgroups a program, in run-9's tune-w2
+# 1-2% faster at 5 of 6 points (Kimi-K2 64 tokens 2112 -> 2065 us, 77% of copy), 2% slower at gpt-oss-120b 8 tokens
+GLUON_W2_BLOCK_N = int(os.environ.get("MOE_CONFORMANCE_GLUON_W2_BLOCK_N", "128"))
+# NVFP4 W4A16 through the Gluon kernel: on the H200 (run-9) conformance and special values passed, memcheck and
+# synccheck clean, bit for bit with triton_bitplace wherever the epilogues round alike; 8-13% faster than it from 8
+# tokens on. MOE_CONFORMANCE_GLUON_NVFP4=0: NVFP4 through moe_gemm_kernel (A/B runs)
+GLUON_NVFP4 = os.environ.get("MOE_CONFORMANCE_GLUON_NVFP4", "1") == "1"
 # the decode chain as programmatic dependent launches (triton_kernels.PDL_ORDER: each kernel may start under the
-# one before, GEMM2 prefetching its weights into L2 while GEMM1 ends): compiled for sm90 on the CPU, not yet run
-# on a GPU, so off by default (MOE_CONFORMANCE_GLUON_PDL=1, or the tiles' `pdl` key: tools/tune_moe.py)
+# one before, GEMM2 prefetching its weights into L2 while GEMM1 ends) where GEMM1's grid is one wave (3 programs a
+# multiprocessor x the H200's 132): run-9's tune-pdl, bit for bit in 68 of 68 graph-replayed smoke cases; gpt-oss-120b
+# one token (360 programs) 39.1 -> 36.8 us; where GEMM1 takes more waves 2-5% slower (Kimi-K2 one token, 512
+# programs: 98.0 -> 99.6; 8 and 64 tokens on both models), the dependents' waiting programs taking the last wave's
+# multiprocessors. MOE_CONFORMANCE_GLUON_PDL=1 everywhere (A/B runs), or the tiles' `pdl` key (tools/tune_moe.py)
 GLUON_PDL = int(os.environ.get("MOE_CONFORMANCE_GLUON_PDL", "0"))
+GLUON_PDL_PROGRAMS = 3 * 132
 
 
 class TritonBitplaceGluonBackend(TritonBitplaceBackend):
@@ -313,8 +322,10 @@ class TritonBitplaceGluonBackend(TritonBitplaceBackend):
         if self.tiles is None and tiles["block_m"] == 16:  # the decode row: a 4-deep ring (51 KB, 3 programs an SM)
             tiles["num_stages"] = GLUON_STAGES
             tiles["block_n"] = GLUON_BLOCK_N
+            tiles["w2_block_n"] = GLUON_W2_BLOCK_N
             if "split_k_programs" in tiles:
                 tiles["split_k_programs"] = GLUON_SPLIT_K_PROGRAMS
+            tiles["pdl_programs"] = GLUON_PDL_PROGRAMS
         if tiles["block_m"] == 16:
             tiles.setdefault("pdl", GLUON_PDL)
         return tiles

@@ -88,7 +88,8 @@ TILE_KEYS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "w2_blo
 # programs when few tokens leave SMs idle), mma_overlap (triton_bitplace_gluon: the consumer's schedule, 0-2,
 # triton_bitplace.GLUON_OVERLAP; w2_mma_overlap GEMM2's, one tile a step, where it differs), pdl (triton_bitplace_gluon
 # at decode: 1 launches the chain as programmatic dependents, triton_kernels.PDL_ORDER). A table row may give
-# split_k_programs instead: split_k then is the fewest splits that give GEMM1 that many programs (split_k_to_fill)
+# split_k_programs instead: split_k then is the fewest splits that give GEMM1 that many programs (split_k_to_fill),
+# and pdl_programs: pdl 1 where GEMM1 has at most that many programs (pdl set 1 stays)
 # (max pairs, weight kinds or None for any, tiles), first match wins. Decode rows from the H200 sweep
 # of tools/tune_moe.py --quick (results/gpu-issue8/tune.json); prefill rows from its prefill sweep.
 TILE_TABLE = (
@@ -194,6 +195,10 @@ class TritonEmulationBackend:
         tiles = self.tile_config(p, None if wq is None else wq.kind)
         if "split_k_programs" in tiles:  # a table row's rule, resolved here where GEMM1's grid is known
             tiles = split_k_to_fill(tiles, min(ckpt.num_experts, p) * triton_cdiv(isz, tiles["block_n"]))
+        if "pdl_programs" in tiles:  # likewise: programmatic dependent launches where GEMM1 fits that many programs
+            programs = min(ckpt.num_experts, p) * triton_cdiv(isz, tiles["block_n"]) * (tiles.get("split_k") or 1)
+            tiles = {**{k: v for k, v in tiles.items() if k != "pdl_programs"},
+                     "pdl": int(tiles.get("pdl") or programs <= tiles["pdl_programs"])}
         aq, fp8_fmt = ckpt.scheme.act, ckpt.fp8_format
         # NVFP4 W4A4: the routing launch also quantizes GEMM1's input (at decode), GEMM1's epilogue GEMM2's;
         # both store nvfp4_quantize_kernel's values
@@ -219,7 +224,8 @@ class TritonEmulationBackend:
                             a_row_div=1, n_out=h, k_dim=isz, apply_act=False, tiles=tiles,
                             topk_sum=(topk_weights, out) if self.fold_epilogues else None)
         if not summed:
-            K.topk_reduce_kernel[(t, triton_cdiv(h, TOPK_BLOCK_H))](z, topk_weights, out, h, TOP_K=k,
+            K.topk_reduce_kernel[(t, triton_cdiv(h, TOPK_BLOCK_H))](z, topk_weights, out, h, **SEPARATE_ROUNDINGS,
+                                                                   TOP_K=k,
                                                                    BLOCK_H=TOPK_BLOCK_H)
         return out
 
@@ -411,7 +417,7 @@ class TritonEmulationBackend:
         elem = None if wq is None else wq.kind.code_format(wq, ckpt.fp8_format)
         dummy = out
         block_n = tiles.get(f"{which}_block_n") or tiles["block_n"]
-        launch_options = {"maxnreg": tiles["maxnreg"]} if tiles.get("maxnreg") else {}
+        launch_options = dict(SEPARATE_ROUNDINGS, **({"maxnreg": tiles["maxnreg"]} if tiles.get("maxnreg") else {}))
         if tiles.get("mma_steps"):
             launch_options["MMA_STEPS"] = tiles["mma_steps"]
         # split-K (the bit-placement loop only): fp32 partial sums of each K range, then one epilogue kernel
@@ -451,22 +457,27 @@ class TritonEmulationBackend:
         operands = (a_scale if a_mode else dummy, expert_scale if expert_scale is not None else dummy,
                     bias if bias is not None else dummy)
         # programmatic dependents (triton_kernels.PDL_ORDER): each waits in the kernel for its predecessor
-        dependent = dict(PDL=True, launch_pdl=True) if tiles.get("pdl") else {}
+        epilogue_options = dict(SEPARATE_ROUNDINGS, **(dict(PDL=True, launch_pdl=True) if tiles.get("pdl") else {}))
         if topk_sum is not None and not apply_act:  # one launch fewer at decode (issue 28)
             weights, out_tokens = topk_sum
             K.splitk_topk_reduce_kernel[(out_tokens.shape[0], triton_cdiv(n_out, TOPK_BLOCK_H))](
                 target, topk_ids.reshape(-1), weights, *operands, out_tokens, n_pairs, n_out, n_rows,
                 SPLIT_K=split_k, TOP_K=topk_ids.shape[1], A_SCALE=a_mode, HAS_EXPERT_SCALE=expert_scale is not None,
-                HAS_BIAS=bias is not None, BLOCK_H=TOPK_BLOCK_H, **dependent)
+                HAS_BIAS=bias is not None, BLOCK_H=TOPK_BLOCK_H, **epilogue_options)
             return True
         bp, bn = 16, 64
         K.splitk_epilogue_kernel[(triton_cdiv(n_pairs, bp), triton_cdiv(n_out, bn))](
             target, topk_ids.reshape(-1), *operands, out, n_pairs, n_out, n_rows, *scalars, SPLIT_K=split_k,
-            BLOCK_P=bp, BLOCK_N=bn, q_scale_ptr=q_scale, QUANT_NVFP4=quantize, **common, **dependent)
+            BLOCK_P=bp, BLOCK_N=bn, q_scale_ptr=q_scale, QUANT_NVFP4=quantize, **common, **epilogue_options)
         return quantize
 
 
 TOPK_BLOCK_H = 128  # columns of the top-k sum per program
+# The epilogues' products and sums rounded one by one, as the reference's (x * scale, then + bias; w * z, then the
+# sum): no fused multiply-add contracted by the compiler, which would round once and differ by an fp32 ulp, and
+# differ between kernels (the H200 run-9 smoke: NVFP4 with biases, moe_gemm_kernel's fused epilogue against
+# splitk_epilogue_kernel's, one bf16 ulp apart). A compile option: the interpreter ignores it.
+SEPARATE_ROUNDINGS = dict(enable_fp_fusion=False)
 
 _ACTIVATION_QUANTIZERS = {MX: TritonEmulationBackend._mx_activation, NVFP4: TritonEmulationBackend._nvfp4_activation,
                           FP8: TritonEmulationBackend._fp8_activation}
