@@ -21,8 +21,10 @@ consumer warps against 12), the activation rows loaded once for both tiles; bit 
 from 8 tokens on (results/gpu-issue28/run-9), so a launch parameter, not the default.
 NVFP4 (W_NV): a tile's 8 scale bytes a row come as one [2, 256] box; the factors (E4M3 x 2^119, exact in bf16) are
 built per block by triton_kernels._nvfp4_factor_words, moe_gemm_kernel's own; 428 SASS a step for the gated
-tiles against moe_gemm_kernel's 531 (Triton 3.6 for sm90), not yet run on a GPU (results/gpu-issue28/run-9), so
-opt-in (MOE_CONFORMANCE_GLUON_NVFP4=1).
+tiles against moe_gemm_kernel's 531 (Triton 3.6 for sm90); on the H200 bit for bit with triton_bitplace and 8-13%
+faster than it from 8 tokens on (results/gpu-issue28/run-9, run-10): the default (MOE_CONFORMANCE_GLUON_NVFP4=0 off).
+PDL (programmatic dependent launch, triton_kernels.PDL_ORDER): GEMM1 waits at entry; GEMM2 prefetches its weights
+into L2 before it waits, under GEMM1's last wave (gpt-oss-120b one token 39.1 -> 36.8 us, run-9's tune-pdl).
 """
 
 from __future__ import annotations

@@ -282,9 +282,9 @@ GLUON_SPLIT_K_PROGRAMS = 256
 GLUON_MAXNREG = 80
 # the consumer's schedule (gluon_kernels._consumer): 0 each step waits for its MMAs, the up tile decoded under the
 # gate tile's; 1 both tiles decoded first (GEMM2, ungated: two K steps an iteration, two independent decode chains,
-# 365 SASS per two steps against 188 a step at gpt-oss-120b's sizes, counted for sm90, not yet timed); 2 as 1 with
-# a step's MMAs running on under the next step's decode. 0 fastest at 5 of 6 points of run-8's sweep (both GEMMs
-# alike, before GEMM2's schedule 1 paired its steps)
+# 365 SASS per two steps against 188 a step at gpt-oss-120b's sizes, counted for sm90); 2 as 1 with a step's MMAs
+# running on under the next step's decode. 0 fastest at 5 of 6 points of run-8's sweep (both GEMMs alike), and for
+# GEMM2 alone at every point of run-9's tune-w2 (its paired schedule 1 was 1-6% slower)
 # (MOE_CONFORMANCE_GLUON_OVERLAP: another default, for A/B runs of the suites and sanitizers)
 GLUON_OVERLAP = int(os.environ.get("MOE_CONFORMANCE_GLUON_OVERLAP", "0"))
 # its rows a program at decode: 64 (one consumer warpgroup) or 128 (two on one ring: bit for bit, 2-8% slower from
@@ -335,8 +335,8 @@ class TritonBitplaceGluonBackend(TritonBitplaceBackend):
         if w is None or not (w.kind is NVFP4 or w.kind is MX and w.elem is E2M1) or act is not None:
             return False, "the Gluon decode GEMM: MXFP4 or NVFP4 weights with bf16 activations (W4A16) only"
         if w.kind is NVFP4 and not GLUON_NVFP4:
-            return False, ("NVFP4 through the Gluon decode GEMM is opt-in (MOE_CONFORMANCE_GLUON_NVFP4=1) until an "
-                           "H200 run checks it (results/gpu-issue28/run-9)")
+            return False, ("NVFP4 through the Gluon decode GEMM is off (MOE_CONFORMANCE_GLUON_NVFP4=0 in the "
+                           "environment)")
         return super().supports(problem, platform)
 
     def available(self, platform) -> tuple[bool, str]:
