@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -412,6 +414,36 @@ def test_configure_starts_from_the_base_tiles_not_a_table_row_or_an_earlier_swee
         assert tiles["num_stages"] == 3 and tiles["block_m"] == 64
 
 
+def test_the_bit_for_bit_tool_reports_a_backend_one_ulp_off(monkeypatch, capsys):
+    """tools/bit_for_bit.py (the GPU runs' smoke check): the same backend at the same split agrees bit for bit (exit
+    0); a backend whose output differs from the reference's in one bf16 ulp of one element is reported (exit 1)."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "tools"))
+    import bit_for_bit
+
+    argv = ["--model", "cpu", "--scheme", "w_mxfp4", "--tokens", "8", "--ref", "triton_bitplace", "--backend",
+            "triton_bitplace", "--ref-config", "num_stages=2", "--config", "num_stages=2", "--sweep", "split_k=1,2"]
+    assert bit_for_bit.main(argv) == 0
+    assert capsys.readouterr().out.count("bit for bit True") == 2
+    real = bit_for_bit.load_backend
+    calls = []
+
+    def one_ulp_off(name):
+        backend = real(name)
+        calls.append(name)
+        if len(calls) == 2:  # the backend under test, not the reference
+            forward = backend.forward
+
+            def nudged(*args):
+                out = forward(*args).clone()
+                out.view(torch.int16).view(-1)[0] ^= 1
+                return out
+            backend.forward = nudged
+        return backend
+    monkeypatch.setattr(bit_for_bit, "load_backend", one_ulp_off)
+    assert bit_for_bit.main(argv) == 2
+    assert capsys.readouterr().out.count("bit for bit False") == 2
+
+
 def _gluon_tile(box: torch.Tensor, f01: torch.Tensor, f23: torch.Tensor) -> torch.Tensor:
     """gluon_kernels._decode_tile in torch on its logical values (a Gluon layout moves no value): a code box
     [32 row pairs, 32 words] (int64 holding uint32) and the block factors [64 rows, 4 q] of pairs 0, 1 and 2, 3
@@ -508,7 +540,8 @@ def test_the_gluon_nvfp4_decode_reads_its_512_byte_scale_boxes_in_block_order():
 
 def test_the_gluon_gemm_takes_exactly_the_launches_its_contract_covers(monkeypatch):
     """triton_bitplace_gluon's dispatch (the kernel itself runs on sm90 only): MXFP4 x bf16 GEMMs of 16-pair blocks
-    whose TMA boxes fit go to bitplace_partials_kernel; activation scales, NVFP4 quantization, prefill blocks, K not
+    whose TMA boxes fit go to bitplace_partials_kernel; activation scales and NVFP4 quantization (unless opted in),
+    quantized activations of any kind (likewise), prefill blocks, K not
     a multiple of 16, odd N, small N_ROWS, N tiles other than one or two warpgroups' 64 rows and 8-warp tiles go
     to moe_gemm_kernel; triton_bitplace without the switch never."""
     from harness.backends import triton_kernels as K
@@ -531,6 +564,15 @@ def test_the_gluon_gemm_takes_exactly_the_launches_its_contract_covers(monkeypat
                     takes(decode, n_out=127), takes(decode, n_rows=254), takes(decode, n_rows=32),
                     takes(dict(decode, block_n=256)), takes(dict(decode, num_warps=8))])
     assert plain._partials_kernel(plain.prepare(ckpt), "w13", 0, decode, None, 128, 256, 256) is None
+    # quantized activations (one fp32 scale, the epilogue's; GEMM1's NVFP4 quantization of GEMM2's input), opt-in
+    from harness.backends import triton_bitplace
+
+    monkeypatch.setattr(triton_bitplace, "GLUON_QUANTIZED_ACT", True)
+    assert takes(decode, a_mode=1) and takes(decode, quant=torch.ones(1)) and not takes(decode, a_mode=2)
+    w4a4 = gluon.prepare(make_checkpoint("w_nvfp4_a_nvfp4", "SWIGLUOAI", 2, 256, 128, seed=0, with_bias=True))
+    assert gluon._partials_kernel(w4a4, "w13", 1, decode, torch.ones(1), 128, 256, 256) is not None
+    monkeypatch.setattr(triton_bitplace, "GLUON_QUANTIZED_ACT", False)
+    assert gluon._partials_kernel(w4a4, "w13", 0, decode, None, 128, 256, 256) is None  # its activations: quantized
     # the launch parameters each GEMM's launch takes: GEMM2's schedule and N tile where they differ from GEMM1's
     from harness.backends import gluon_kernels
 
@@ -545,7 +587,6 @@ def test_the_gluon_gemm_takes_exactly_the_launches_its_contract_covers(monkeypat
                     (3, GLUON_MAXNREG, 1, 1, False, 1), (3, GLUON_MAXNREG, 2, 2, False, 2)], seen
     # NVFP4 W4A16 (8 scale bytes a row and chunk, read as 256-byte box rows; MOE_CONFORMANCE_GLUON_NVFP4=0 turns
     # it off): N_ROWS and N_OUT multiples of 32
-    from harness.backends import triton_bitplace
 
     nv = make_checkpoint("w_nvfp4", "SWIGLUOAI", 2, 256, 128, seed=0, with_bias=True)
     monkeypatch.setattr(triton_bitplace, "GLUON_NVFP4", False)

@@ -147,7 +147,8 @@ def test_the_kernels_a_forward_launches_compile_for_sm90_without_a_gpu():
     assert compiled >= {"moe_align_kernel", "moe_gemm_kernel", "splitk_epilogue_kernel", "splitk_topk_reduce_kernel",
                         "mx_quantize_kernel", "nvfp4_quantize_kernel", "fp8_quantize_kernel", "topk_reduce_kernel"}, run.stdout
     # the warp-specialised Gluon decode GEMM (harness/backends/gluon_kernels.py, opt-in): GEMM1 gated, GEMM2 not,
-    # MXFP4 and NVFP4, in each of the consumer's three schedules (GEMM2's K 3 chunks, so that schedule 1's two-step
+    # MXFP4 and NVFP4 (and NVFP4 W4A4: the epilogues apply its scale and quantize GEMM2's input), in each of the
+    # consumer's three schedules (GEMM2's K 3 chunks, so that schedule 1's two-step
     # loop is compiled, not folded), with one and two consumer warpgroups a program, its layout conversions to the
     # wgmma operand asserted trivial by the compiler; pdl 1: the chain as programmatic dependents, each dependent's
     # PTX checked against triton_kernels.PDL_ORDER (compile_check.dependent_launch_violations)
@@ -155,7 +156,7 @@ def test_the_kernels_a_forward_launches_compile_for_sm90_without_a_gpu():
                                         (2, 64, "w_mxfp4/SWIGLUOAI", 0), (0, 128, "w_mxfp4/SWIGLUOAI", 0),
                                         (2, 128, "w_mxfp4/SWIGLUOAI", 0), (0, 64, "w_nvfp4/SILU", 0),
                                         (1, 128, "w_nvfp4/SILU", 0), (0, 64, "w_mxfp4/SWIGLUOAI", 1),
-                                        (1, 128, "w_nvfp4/SILU", 1)):
+                                        (1, 128, "w_nvfp4/SILU", 1), (0, 64, "w_nvfp4_a_nvfp4/SWIGLUOAI", 1)):
         gluon = subprocess.run([sys.executable, "-m", "harness.backends.compile_check", "--tokens", "1", "--case",
                                 f"triton_bitplace/{case}", "--skip", "moe_align_kernel", "--configure",
                                 f"mma_overlap={overlap}", "--configure", f"block_n={block_n}", "--configure",
@@ -163,13 +164,21 @@ def test_the_kernels_a_forward_launches_compile_for_sm90_without_a_gpu():
                                 "--intermediate", "384"],
                                capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[1],
                                env=dict(os.environ, TRITON_INTERPRET="0", MOE_CONFORMANCE_BITPLACE_GLUON="1",
-                                        MOE_CONFORMANCE_GLUON_NVFP4="1"))
+                                        MOE_CONFORMANCE_GLUON_NVFP4="1", MOE_CONFORMANCE_GLUON_QUANTIZED_ACT="1"))
         assert gluon.returncode == 0, gluon.stdout[-3000:] + gluon.stderr[-3000:]
         lines = gluon.stdout.splitlines()
         assert sum(line.startswith("compiled bitplace_partials_kernel") for line in lines) == 2, \
             (overlap, block_n, case, gluon.stdout)
         # GEMM1, its epilogue, GEMM2 and the top-k sum, each a dependent that waits first
         assert sum(line.startswith("dependent launch of") for line in lines) == (4 if pdl else 0), gluon.stdout
+    # the registered backend's defaults: GEMM2's weights of a small model are far below GLUON_PDL_BYTES, so the chain
+    # launches as dependents (and GEMM2 on two-warpgroup programs)
+    gluon = subprocess.run([sys.executable, "-m", "harness.backends.compile_check", "--tokens", "1", "--case",
+                            "triton_bitplace_gluon/w_mxfp4/SWIGLUOAI", "--skip", "moe_align_kernel",
+                            "--intermediate", "384"], capture_output=True, text=True, timeout=300,
+                           cwd=Path(__file__).resolve().parents[1], env=dict(os.environ, TRITON_INTERPRET="0"))
+    assert gluon.returncode == 0, gluon.stdout[-3000:] + gluon.stderr[-3000:]
+    assert sum(line.startswith("dependent launch of") for line in gluon.stdout.splitlines()) == 4, gluon.stdout
 
 
 def test_a_dependent_launch_that_reads_or_writes_before_its_wait_is_reported():

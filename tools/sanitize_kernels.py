@@ -40,6 +40,7 @@ def main() -> int:
     from harness.backends import triton_bitplace
 
     triton_bitplace.GLUON_NVFP4 = True  # the NVFP4 path of the Gluon kernel too, whatever the environment says
+    triton_bitplace.GLUON_QUANTIZED_ACT = True  # and its quantized activations (opt-in)
     b = TritonEmulationBackend()
     for scheme, act in CASES:
         ckpt = make_checkpoint(scheme, act, SHAPE.num_experts, SHAPE.hidden_size, SHAPE.intermediate_size, seed=1,
@@ -87,7 +88,16 @@ def main() -> int:
                                  # NVFP4 W4A16 through it: 512-byte scale boxes, unsplit and split 3 ways
                                  (_bitplace(gluon=True), "w_nvfp4", "SWIGLUOAI"),
                                  (_bitplace(gluon=True).configure(block_m=16, block_n=64, block_k=128, num_warps=4,
-                                                                  num_stages=3, split_k=3), "w_nvfp4", "SILU")):
+                                                                  num_stages=3, split_k=3), "w_nvfp4", "SILU"),
+                                 # the chain as programmatic dependents (triton_kernels.PDL_ORDER)
+                                 (_bitplace(gluon=True).configure(block_m=16, block_n=64, block_k=128, num_warps=4,
+                                                                  num_stages=4, pdl=1), "w_mxfp4", "SWIGLUOAI"),
+                                 # quantized activations: NVFP4 W4A4 (the routing and GEMM1's epilogue quantize),
+                                 # MXFP4 W4A4 split 3 ways as dependents
+                                 (_bitplace(gluon=True), "w_nvfp4_a_nvfp4", "SWIGLUOAI"),
+                                 (_bitplace(gluon=True).configure(block_m=16, block_n=64, block_k=128, num_warps=4,
+                                                                  num_stages=3, split_k=3, pdl=1), "w_mxfp4_a_mxfp4",
+                                  "SILU")):
         ckpt = make_checkpoint(scheme, act, tail.num_experts, tail.hidden_size, tail.intermediate_size, seed=1,
                                with_bias=act == "SWIGLUOAI")
         x, w, ids = case_inputs(tail, 1)

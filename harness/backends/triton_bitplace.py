@@ -125,14 +125,18 @@ class TritonBitplaceBackend(TritonEmulationBackend):
 
     def _partials_kernel(self, prep, which, a_mode, tiles, quantize_nvfp4, n_out, n_rows, k_dim):
         scales = prep.extras.get(f"{which}_scale_by_chunk")
-        # the Gluon kernel's contract: bf16 activations (no scale), 16-pair blocks, TMA strides of whole 16 bytes
+        # the Gluon kernel's contract: activations exactly bf16 (a_mode 0, or 1 with GLUON_QUANTIZED_ACT: one fp32
+        # scale that the epilogue kernel applies to the sums, as it does after moe_gemm_kernel's split-K partials; so
+        # too GEMM1's NVFP4 quantization of GEMM2's input), 16-pair blocks, TMA strides of whole 16 bytes
         # (scale rows of n_rows x 4 bytes), 16-byte activation rows for cp.async, gate and up rows in whole pairs
         # (n_rows >= 64: every TMA box lies within its tensor's extent on the smallest test models too; with two
         # 64-row tiles a program (block_n 128) the last program's second tile may lie past N_OUT, where TMA fills
         # zeros and no row is stored), one or two warpgroups' tiles of 4 warps each
         block_n = tiles.get(f"{which}_block_n") or tiles["block_n"]
         nvfp4 = prep.ckpt.scheme.weight.kind is NVFP4
-        if (scales is None or a_mode or quantize_nvfp4 is not None or tiles["block_m"] != 16 or n_rows % 4
+        scaled = a_mode != 0 or quantize_nvfp4 is not None or prep.ckpt.scheme.act is not None
+        if (scales is None or a_mode not in (0, 1) or scaled and not GLUON_QUANTIZED_ACT or tiles["block_m"] != 16
+                or n_rows % 4
                 or n_rows < 64 or k_dim % 16 or n_out % 2 or block_n not in (64, 128) or tiles["num_warps"] != 4
                 or nvfp4 and (n_rows % 32 or n_out % 32)):  # NVFP4: a tile's 512 scale bytes as 256-byte box rows
             return None
@@ -298,14 +302,20 @@ GLUON_W2_BLOCK_N = int(os.environ.get("MOE_CONFORMANCE_GLUON_W2_BLOCK_N", "128")
 # synccheck clean, bit for bit with triton_bitplace wherever the epilogues round alike; 8-13% faster than it from 8
 # tokens on. MOE_CONFORMANCE_GLUON_NVFP4=0: NVFP4 through moe_gemm_kernel (A/B runs)
 GLUON_NVFP4 = os.environ.get("MOE_CONFORMANCE_GLUON_NVFP4", "1") == "1"
+# quantized activations through the Gluon kernel (W4A4: MXFP4 / NVFP4 activations; W4A8: static FP8): their values are
+# exact bf16 with at most one fp32 scale, which the epilogue kernels apply (and GEMM1's epilogue quantizes GEMM2's
+# NVFP4 input), so the kernel is the W4A16 one. Compiled on the CPU, not yet run on a GPU: opt-in
+# (MOE_CONFORMANCE_GLUON_QUANTIZED_ACT=1; results/gpu-issue28/run-11 checks and times it)
+GLUON_QUANTIZED_ACT = os.environ.get("MOE_CONFORMANCE_GLUON_QUANTIZED_ACT", "0") == "1"
 # the decode chain as programmatic dependent launches (triton_kernels.PDL_ORDER: each kernel may start under the
-# one before, GEMM2 prefetching its weights into L2 while GEMM1 ends) where GEMM1's grid is one wave (3 programs a
-# multiprocessor x the H200's 132): run-9's tune-pdl, bit for bit in 68 of 68 graph-replayed smoke cases; gpt-oss-120b
-# one token (360 programs) 39.1 -> 36.8 us; where GEMM1 takes more waves 2-5% slower (Kimi-K2 one token, 512
-# programs: 98.0 -> 99.6; 8 and 64 tokens on both models), the dependents' waiting programs taking the last wave's
-# multiprocessors. MOE_CONFORMANCE_GLUON_PDL=1 everywhere (A/B runs), or the tiles' `pdl` key (tools/tune_moe.py)
+# one before, GEMM2 prefetching its weights into L2 while GEMM1 ends) where GEMM2's weights of the call fit in half
+# the H200's 50 MB L2 beside GEMM1's stream. run-9's tune-pdl (bit for bit in 68 of 68 graph-replayed smoke cases):
+# gpt-oss-120b one token (GEMM2 17.6 MB) 39.1 -> 36.8 us; 2-5% slower wherever GEMM2's weights are larger: Kimi-K2 one
+# token (62 MB, one GEMM1 wave too: 256 programs) 98.0 -> 99.6, 8 and 64 tokens on both models (112 MB and more).
+# The rule fits those six points; the prefetch's L2 footprint as the cause is the reading, not a measurement.
+# MOE_CONFORMANCE_GLUON_PDL=1 everywhere (A/B runs), or the tiles' `pdl` key (tools/tune_moe.py)
 GLUON_PDL = int(os.environ.get("MOE_CONFORMANCE_GLUON_PDL", "0"))
-GLUON_PDL_PROGRAMS = 3 * 132
+GLUON_PDL_BYTES = 25 << 20
 
 
 class TritonBitplaceGluonBackend(TritonBitplaceBackend):
@@ -325,15 +335,18 @@ class TritonBitplaceGluonBackend(TritonBitplaceBackend):
             tiles["w2_block_n"] = GLUON_W2_BLOCK_N
             if "split_k_programs" in tiles:
                 tiles["split_k_programs"] = GLUON_SPLIT_K_PROGRAMS
-            tiles["pdl_programs"] = GLUON_PDL_PROGRAMS
+            tiles["pdl_bytes"] = GLUON_PDL_BYTES
         if tiles["block_m"] == 16:
             tiles.setdefault("pdl", GLUON_PDL)
         return tiles
 
     def supports(self, problem, platform) -> tuple[bool, str]:
         w, act = problem.scheme.weight, problem.scheme.act
-        if w is None or not (w.kind is NVFP4 or w.kind is MX and w.elem is E2M1) or act is not None:
-            return False, "the Gluon decode GEMM: MXFP4 or NVFP4 weights with bf16 activations (W4A16) only"
+        if w is None or not (w.kind is NVFP4 or w.kind is MX and w.elem is E2M1):
+            return False, "the Gluon decode GEMM: MXFP4 or NVFP4 weights only"
+        if act is not None and not GLUON_QUANTIZED_ACT:
+            return False, ("the Gluon decode GEMM takes bf16 activations (W4A16); quantized ones are opt-in "
+                           "(MOE_CONFORMANCE_GLUON_QUANTIZED_ACT=1) until an H200 run checks them")
         if w.kind is NVFP4 and not GLUON_NVFP4:
             return False, ("NVFP4 through the Gluon decode GEMM is off (MOE_CONFORMANCE_GLUON_NVFP4=0 in the "
                            "environment)")

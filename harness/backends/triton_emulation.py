@@ -89,7 +89,8 @@ TILE_KEYS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "w2_blo
 # triton_bitplace.GLUON_OVERLAP; w2_mma_overlap GEMM2's, one tile a step, where it differs), pdl (triton_bitplace_gluon
 # at decode: 1 launches the chain as programmatic dependents, triton_kernels.PDL_ORDER). A table row may give
 # split_k_programs instead: split_k then is the fewest splits that give GEMM1 that many programs (split_k_to_fill),
-# and pdl_programs: pdl 1 where GEMM1 has at most that many programs (pdl set 1 stays)
+# and pdl_bytes: pdl 1 where GEMM2's weights of the call (one expert a pair at most) are at most that many bytes
+# (pdl set 1 stays)
 # (max pairs, weight kinds or None for any, tiles), first match wins. Decode rows from the H200 sweep
 # of tools/tune_moe.py --quick (results/gpu-issue8/tune.json); prefill rows from its prefill sweep.
 TILE_TABLE = (
@@ -195,10 +196,12 @@ class TritonEmulationBackend:
         tiles = self.tile_config(p, None if wq is None else wq.kind)
         if "split_k_programs" in tiles:  # a table row's rule, resolved here where GEMM1's grid is known
             tiles = split_k_to_fill(tiles, min(ckpt.num_experts, p) * triton_cdiv(isz, tiles["block_n"]))
-        if "pdl_programs" in tiles:  # likewise: programmatic dependent launches where GEMM1 fits that many programs
-            programs = min(ckpt.num_experts, p) * triton_cdiv(isz, tiles["block_n"]) * (tiles.get("split_k") or 1)
-            tiles = {**{k: v for k, v in tiles.items() if k != "pdl_programs"},
-                     "pdl": int(tiles.get("pdl") or programs <= tiles["pdl_programs"])}
+        if "pdl_bytes" in tiles:  # likewise: programmatic dependent launches where GEMM2's weights (at most one
+            # expert per pair) are at most that many bytes, so that GEMM2's prefetch under GEMM1 stays in L2
+            w2_bytes = min(ckpt.num_experts, p) * sum(t[0].numel() * t.element_size() for t in
+                                                      (prepared.w2, prepared.w2_scale) if t is not None)
+            tiles = {**{k: v for k, v in tiles.items() if k != "pdl_bytes"},
+                     "pdl": int(tiles.get("pdl") or w2_bytes <= tiles["pdl_bytes"])}
         aq, fp8_fmt = ckpt.scheme.act, ckpt.fp8_format
         # NVFP4 W4A4: the routing launch also quantizes GEMM1's input (at decode), GEMM1's epilogue GEMM2's;
         # both store nvfp4_quantize_kernel's values

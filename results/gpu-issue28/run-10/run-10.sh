@@ -31,7 +31,7 @@ for scheme, model in (("w_nvfp4", "gpt-oss-120b"), ("w_mxfp4", "gpt-oss-120b"), 
             got = g.configure(**tiles, block_n=64, num_stages=4, split_k=split).forward(gp, x, w.float(), ids)
             same = torch.equal(got.view(torch.int16), want.view(torch.int16))
             print(f"{scheme} {model} T={t} split {split}: bit for bit {same}", flush=True)
-        g.tiles = None  # the defaults (w2_block_n 128, pdl where one wave) against triton_bitplace at their split
+        g.tiles = None  # the defaults (w2_block_n 128, pdl where it applies) against triton_bitplace at their split
         got = g.forward(gp, x, w.float(), ids)
         split = g.last_launch["w13"][1].get("split_k") or 1
         want = ref.configure(**tiles, block_n=64, num_stages=3, split_k=split).forward(prep, x, w.float(), ids)
