@@ -197,6 +197,10 @@ def test_a_dependent_launch_that_reads_or_writes_before_its_wait_is_reported():
     assert "global loads" in violations("\n".join([load, wait]), {"PDL": 1})[0]
     assert "global loads" in violations("\n".join([load, load, prefetch, wait]), {"PDL": 2})[0]
     assert "writes" in violations("\n".join(["cp.async.ca.shared.global [%r1], [%rd1], 16;", wait]), {"PDL": 2})[0]
+    # guarded by a predicate, as Triton writes masked stores, atomics and TMA copies
+    assert "writes" in violations("\n".join(["@%p1 st.global.b32 [ %rd2 + 0 ], { %r3 };", wait]), {"PDL": 1})[0]
+    assert "writes" in violations("\n".join(["@!%p2 atom.global.add.u32 %r1, [%rd1], 1;", wait]), {"PDL": 1})[0]
+    assert "global loads" in violations("\n".join(["@%p3 ld.global.nc.v4.b32 {%r1}, [%rd1];", wait]), {"PDL": 1})[0]
 
 
 def test_the_activation_quantizers_read_bf16_exactly_subnormals_included():

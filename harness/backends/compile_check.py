@@ -21,6 +21,7 @@ if __name__ == "__main__":
     os.environ["TRITON_INTERPRET"] = "0"  # before any kernel is defined
 
 import argparse
+import re
 import sys
 import time
 
@@ -119,13 +120,15 @@ def dependent_launch_violations(ptx: str, kwargs: dict) -> list[str]:
     waits = [i for i, line in enumerate(lines) if "griddepcontrol.wait" in line]
     if not waits:
         return ["launched as a programmatic dependent but never waits (griddepcontrol.wait)"]
-    before = lines[:waits[0]]
+    # instructions without their guard predicate (Triton writes masked stores as "@%p1 st.global ...")
+    before = [re.sub(r"^@!?%\w+\s+", "", line.strip()) for line in lines[:waits[0]]]
     problems = []
-    stores = [line.strip() for line in before if line.strip().startswith(("st.global", "atom.", "red.", "cp.async"))
-              and "prefetch" not in line]
+    stores = [line for line in before if line.startswith(("st.", "atom.", "red.", "cp.async", "cp.reduce"))
+              and "prefetch" not in line and not line.startswith("st.shared")]
     if stores:
         problems.append(f"writes or copies before its wait: {stores[:3]}")
-    loads = [line.strip() for line in before if "ld.global" in line]
+    loads = [line for line in before if line.startswith(("ld.global", "ld.param.", "ld.")) and
+             not line.startswith(("ld.param", "ld.shared", "ld.local", "ld.const"))]
     if len(loads) > (1 if kwargs.get("PDL") == 2 else 0):
         problems.append(f"{len(loads)} global loads before its wait: {loads[:3]}")
     return problems

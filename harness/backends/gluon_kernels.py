@@ -176,15 +176,19 @@ def _prefetch_program_weights(codes_ptr, scales_ptr, code_row, scale_row, g_col,
     i = gl.arange(0, 128, layout=PREFETCH_ITEMS)
     CODE_ITEMS: gl.constexpr = 32 * TILES
     is_code = i < CODE_ITEMS
+    # rows within N_ROWS only (two tiles a program: the last one's second may lie past it), and a split with no
+    # chunks prefetches nothing (a size of 0 or below would be read as ~4 GB)
+    code_ok = is_code & (g_col + 2 * i < N_ROWS) & (c_hi > c_lo)
+    scale_bytes = gl.minimum(64 * TILES, N_ROWS - g_col) * PER_CHUNK  # whole 16 bytes: N_ROWS % 4 == 0
     code_at = codes_ptr + ((code_row + g_col // 2 + i).to(gl.int64) * chunks + c_lo) * 128
     c = c_lo + i - CODE_ITEMS
     scale_at = scales_ptr + ((scale_row + c).to(gl.int64) * N_ROWS + g_col) * PER_CHUNK
-    _prefetch_l2(gl.where(is_code, code_at, scale_at), gl.where(is_code, (c_hi - c_lo) * 128, 64 * TILES * PER_CHUNK),
-                 is_code | (c < c_hi))
+    _prefetch_l2(gl.where(is_code, code_at, scale_at), gl.where(is_code, (c_hi - c_lo) * 128, scale_bytes),
+                 code_ok | (~is_code & (c < c_hi)))
     for c0 in range(c_lo + 128 - CODE_ITEMS, c_hi, 128):
         c = c0 + i
         _prefetch_l2(scales_ptr + ((scale_row + c).to(gl.int64) * N_ROWS + g_col) * PER_CHUNK,
-                     (i & 0) + 64 * TILES * PER_CHUNK, c < c_hi)
+                     (i & 0) + scale_bytes, c < c_hi)
 
 
 @gluon.jit
