@@ -539,10 +539,48 @@ def test_the_gluon_nvfp4_decode_reads_its_512_byte_scale_boxes_in_block_order():
                 assert not bad.any(), (e, first, c, int(bad.sum()), tuple(bad.nonzero()[0].tolist()))
 
 
+def test_the_gluon_decode_rows_follow_the_one_wave_rule(monkeypatch):
+    """triton_bitplace_gluon's rows a program where a GEMM's 64-row grid is one wave (one_wave_block_n), at the H200's
+    132 multiprocessors and the model shapes of run-12's one-token sweep: Kimi-K2's GEMM1 at 128 rows split 2 (the
+    fastest there), gpt-oss-120b's both GEMMs at 64 (likewise); from 8 tokens on, and wherever a sweep fixes the tiles,
+    the defaults stay. A 1.4x gain is not taken, 1.5x is."""
+    from types import SimpleNamespace
+
+    from harness.backends import triton_kernels
+    from harness.backends.triton_bitplace import (GLUON_W2_BLOCK_N, TritonBitplaceGluonBackend, gluon_programs_per_sm,
+                                                  one_wave_block_n)
+    from reference.quantizers import MX
+
+    assert (gluon_programs_per_sm(64), gluon_programs_per_sm(128)) == (3, 2)  # 80 registers: 256 / 384 threads
+    monkeypatch.setattr(triton_kernels, "INTERPRET", False)  # the GPU's tile table
+    backend = TritonBitplaceGluonBackend()
+    w2 = torch.zeros(1, 1 << 20, dtype=torch.uint8)  # 1 MB an expert: pdl where the rule says so, not checked here
+    for (experts, inter, hidden, top_k, tokens), want in {
+            (128, 2880, 2880, 4, 1): (64, 2, 64), (384, 2048, 7168, 8, 1): (128, 2, GLUON_W2_BLOCK_N),
+            (128, 2880, 2880, 4, 8): (64, 1, GLUON_W2_BLOCK_N), (384, 2048, 7168, 8, 8): (64, 1, GLUON_W2_BLOCK_N)
+    }.items():
+        p = tokens * top_k
+        prep = SimpleNamespace(ckpt=SimpleNamespace(num_experts=experts, intermediate_size=inter, hidden_size=hidden),
+                               w2=w2, w2_scale=None)
+        tiles = backend.resolve_tiles(backend.tile_config(p, MX), prep, p, "cpu")
+        assert (tiles["block_n"], tiles["split_k"], tiles["w2_block_n"]) == want, (experts, tokens, tiles)
+        assert "one_wave_rows" not in tiles and "split_k_programs" not in tiles
+    fixed = backend.configure(block_m=16, block_n=64, split_k=1)  # a sweep's tiles are what it asked for
+    prep = SimpleNamespace(ckpt=SimpleNamespace(num_experts=384, intermediate_size=2048, hidden_size=7168), w2=w2,
+                           w2_scale=None)
+    assert fixed.resolve_tiles(fixed.tile_config(8, MX), prep, 8, "cpu")["block_n"] == 64
+    # one expert of 70 64-row tiles split 4 ways: 280 programs, 280 warpgroups; 35 128-row tiles split 5 ways: 175
+    # programs, 350 warpgroups (1.25x: not taken), split 6 ways: 210 programs, 420 (1.5x: taken), split 8 ways: 280
+    # programs, past the 264 that fit
+    for split128, want in ((5, 64), (6, 128), (8, 64)):
+        assert one_wave_block_n(1, 70 * 64, 132, lambda n: 4 if n == 70 else split128) == want, split128
+    assert one_wave_block_n(7, 100 * 64, 132, lambda _: 1) is None  # 700 64-row programs: beyond one wave
+
+
 def test_the_gluon_gemm_takes_exactly_the_launches_its_contract_covers(monkeypatch):
     """triton_bitplace_gluon's dispatch (the kernel itself runs on sm90 only): MXFP4 x bf16 GEMMs of 16-pair blocks
-    whose TMA boxes fit go to bitplace_partials_kernel; activation scales and NVFP4 quantization (unless opted in),
-    quantized activations of any kind (likewise), prefill blocks, K not
+    whose TMA boxes fit go to bitplace_partials_kernel; activation scales and NVFP4 quantization (unless switched
+    off), quantized activations of any kind (likewise), prefill blocks, K not
     a multiple of 16, odd N, small N_ROWS, N tiles other than one or two warpgroups' 64 rows and 8-warp tiles go
     to moe_gemm_kernel; triton_bitplace without the switch never."""
     from harness.backends import triton_kernels as K
@@ -557,6 +595,9 @@ def test_the_gluon_gemm_takes_exactly_the_launches_its_contract_covers(monkeypat
     assert set(prep.extras) == {"w13_scale_by_chunk", "w2_scale_by_chunk"} and not plain.prepare(ckpt).extras
     decode = dict(block_m=16, block_n=64, num_warps=4, num_stages=4)
     prefill = dict(decode, block_m=64)
+    from harness.backends import triton_bitplace
+
+    monkeypatch.setattr(triton_bitplace, "GLUON_QUANTIZED_ACT", False)  # first without quantized activations
     takes = lambda tiles, n_out=128, n_rows=256, k=256, a_mode=0, quant=None: gluon._partials_kernel(  # noqa: E731
         prep, "w13", a_mode, tiles, quant, n_out, n_rows, k) is not None
     assert takes(decode) and gluon._partials_kernel(prep, "w2", 0, decode, None, 256, 256, 128) is not None
@@ -565,9 +606,8 @@ def test_the_gluon_gemm_takes_exactly_the_launches_its_contract_covers(monkeypat
                     takes(decode, n_out=127), takes(decode, n_rows=254), takes(decode, n_rows=32),
                     takes(dict(decode, block_n=256)), takes(dict(decode, num_warps=8))])
     assert plain._partials_kernel(plain.prepare(ckpt), "w13", 0, decode, None, 128, 256, 256) is None
-    # quantized activations (one fp32 scale, the epilogue's; GEMM1's NVFP4 quantization of GEMM2's input), opt-in
-    from harness.backends import triton_bitplace
-
+    # quantized activations (one fp32 scale, the epilogue's; GEMM1's NVFP4 quantization of GEMM2's input): the
+    # default (MOE_CONFORMANCE_GLUON_QUANTIZED_ACT=0 turns them off)
     monkeypatch.setattr(triton_bitplace, "GLUON_QUANTIZED_ACT", True)
     assert takes(decode, a_mode=1) and takes(decode, quant=torch.ones(1)) and not takes(decode, a_mode=2)
     w4a4 = gluon.prepare(make_checkpoint("w_nvfp4_a_nvfp4", "SWIGLUOAI", 2, 256, 128, seed=0, with_bias=True))

@@ -40,7 +40,7 @@ def main() -> int:
     from harness.backends import triton_bitplace
 
     triton_bitplace.GLUON_NVFP4 = True  # the NVFP4 path of the Gluon kernel too, whatever the environment says
-    triton_bitplace.GLUON_QUANTIZED_ACT = True  # and its quantized activations (opt-in)
+    triton_bitplace.GLUON_QUANTIZED_ACT = True  # and its quantized activations (whatever the environment says)
     b = TritonEmulationBackend()
     for scheme, act in CASES:
         ckpt = make_checkpoint(scheme, act, SHAPE.num_experts, SHAPE.hidden_size, SHAPE.intermediate_size, seed=1,

@@ -30,7 +30,7 @@ from reference.quantizers import FP8, MX, NVFP4
 
 from .fp4_bits import E8M0_FOLDABLE_MAX
 from . import triton_kernels
-from .triton_emulation import TritonEmulationBackend
+from .triton_emulation import TritonEmulationBackend, split_k_to_fill
 
 
 # (max pairs, tiles), first match wins: the H200 sweep of tools/tune_moe.py (BENCHMARKS.md "Issue 28";
@@ -304,9 +304,11 @@ GLUON_W2_BLOCK_N = int(os.environ.get("MOE_CONFORMANCE_GLUON_W2_BLOCK_N", "128")
 GLUON_NVFP4 = os.environ.get("MOE_CONFORMANCE_GLUON_NVFP4", "1") == "1"
 # quantized activations through the Gluon kernel (W4A4: MXFP4 / NVFP4 activations; W4A8: static FP8): their values are
 # exact bf16 with at most one fp32 scale, which the epilogue kernels apply (and GEMM1's epilogue quantizes GEMM2's
-# NVFP4 input), so the kernel is the W4A16 one. Compiled on the CPU, not yet run on a GPU: opt-in
-# (MOE_CONFORMANCE_GLUON_QUANTIZED_ACT=1; results/gpu-issue28/run-11 checks and times it)
-GLUON_QUANTIZED_ACT = os.environ.get("MOE_CONFORMANCE_GLUON_QUANTIZED_ACT", "0") == "1"
+# NVFP4 input), so the kernel is the W4A16 one. On the H200 (results/gpu-issue28/run-11): 36 of 36 NVFP4 / MXFP4 W4A4
+# points bit for bit with triton_bitplace (split 1 / 3, pdl 0 / 1, graph replays), conformance and special values
+# passed, memcheck and synccheck clean; NVFP4 W4A4 7-13% faster than triton_bitplace's from 8 tokens on.
+# MOE_CONFORMANCE_GLUON_QUANTIZED_ACT=0: quantized activations through moe_gemm_kernel (A/B runs)
+GLUON_QUANTIZED_ACT = os.environ.get("MOE_CONFORMANCE_GLUON_QUANTIZED_ACT", "1") == "1"
 # the decode chain as programmatic dependent launches (triton_kernels.PDL_ORDER: each kernel may start under the
 # one before, GEMM2 prefetching its weights into L2 while GEMM1 ends) where GEMM2's weights of the call fit in half
 # the H200's 50 MB L2 beside GEMM1's stream. run-9's tune-pdl (bit for bit in 68 of 68 graph-replayed smoke cases):
@@ -316,6 +318,35 @@ GLUON_QUANTIZED_ACT = os.environ.get("MOE_CONFORMANCE_GLUON_QUANTIZED_ACT", "0")
 # MOE_CONFORMANCE_GLUON_PDL=1 everywhere (A/B runs), or the tiles' `pdl` key (tools/tune_moe.py)
 GLUON_PDL = int(os.environ.get("MOE_CONFORMANCE_GLUON_PDL", "0"))
 GLUON_PDL_BYTES = 25 << 20
+# the rows a program where a GEMM's 64-row grid (split to fill, split_k_to_fill) is one wave or less, as at one token:
+# there the programs a multiprocessor are few and each streams its K alone, so what hides the latency is the consumer
+# warpgroups resident. 128 rows (two consumer warpgroups a program, 2 programs a multiprocessor against 3) where that
+# puts at least GLUON_WIDE_GAIN times the consumer warpgroups of 64-row tiles on the multiprocessors in one wave, else
+# 64; beyond one wave the defaults above (one_wave_block_n). run-12's one-token sweep (results/gpu-issue28/run-12,
+# 32 configs a model): Kimi-K2 GEMM1 128 rows split 2 (512 warpgroups against 256) 88.4 us against 89.6-96.5 at 64;
+# gpt-oss-120b 64 rows for both GEMMs (368 against 360 warpgroups: no gain) 36.6 against 38.7 with GEMM2 at 128
+GLUON_WIDE_GAIN = 1.5
+H200_MULTIPROCESSORS = 132  # compile_check's target, where no GPU answers
+
+
+def gluon_programs_per_sm(block_n: int, maxnreg: int = GLUON_MAXNREG) -> int:
+    """Programs a multiprocessor of the Gluon kernel by registers: 64-row consumer warpgroups and the producer warp
+    padded to a warpgroup, at the launch's register cap (80: 3 programs at 64 rows, 2 at 128)."""
+    return 65536 // (maxnreg * 128 * (1 + block_n // 64))
+
+
+def one_wave_block_n(experts: int, n_out: int, multiprocessors: int, split_of) -> int | None:
+    """GEMM's rows a program by the one-wave rule (GLUON_WIDE_GAIN) for `experts` expert blocks of n_out rows,
+    split_of(programs unsplit) its K splits; None where the 64-row grid is more than one wave."""
+    warpgroups = {}
+    for rows in (64, 128):
+        tiles = experts * -(-n_out // rows)
+        programs = tiles * split_of(tiles)
+        fits = programs <= gluon_programs_per_sm(rows) * multiprocessors
+        warpgroups[rows] = programs * rows // 64 if fits else None
+    if warpgroups[64] is None:
+        return None
+    return 128 if warpgroups[128] and warpgroups[128] >= GLUON_WIDE_GAIN * warpgroups[64] else 64
 
 
 class TritonBitplaceGluonBackend(TritonBitplaceBackend):
@@ -336,17 +367,33 @@ class TritonBitplaceGluonBackend(TritonBitplaceBackend):
             if "split_k_programs" in tiles:
                 tiles["split_k_programs"] = GLUON_SPLIT_K_PROGRAMS
             tiles["pdl_bytes"] = GLUON_PDL_BYTES
+            tiles["one_wave_rows"] = 1
         if tiles["block_m"] == 16:
             tiles.setdefault("pdl", GLUON_PDL)
         return tiles
+
+    def resolve_tiles(self, tiles: dict, prepared, p: int, dev) -> dict:
+        if tiles.get("one_wave_rows"):  # both GEMMs' rows a program by the one-wave rule, then the splits
+            tiles = {k: v for k, v in tiles.items() if k != "one_wave_rows"}
+            ckpt = prepared.ckpt
+            experts = min(ckpt.num_experts, p)
+            sms = (torch.cuda.get_device_properties(dev).multi_processor_count
+                   if torch.device(dev).type == "cuda" else H200_MULTIPROCESSORS)
+            fill = lambda n: split_k_to_fill(dict(split_k_programs=tiles["split_k_programs"]), n)["split_k"]  # noqa: E731
+            if "split_k_programs" in tiles and not tiles.get("split_k"):
+                tiles["block_n"] = one_wave_block_n(experts, ckpt.intermediate_size, sms, fill) or tiles["block_n"]
+                split = fill(experts * -(-ckpt.intermediate_size // tiles["block_n"]))
+                w2 = one_wave_block_n(experts, ckpt.hidden_size, sms, lambda _: split)
+                tiles["w2_block_n"] = w2 or tiles.get("w2_block_n") or tiles["block_n"]
+        return super().resolve_tiles(tiles, prepared, p, dev)
 
     def supports(self, problem, platform) -> tuple[bool, str]:
         w, act = problem.scheme.weight, problem.scheme.act
         if w is None or not (w.kind is NVFP4 or w.kind is MX and w.elem is E2M1):
             return False, "the Gluon decode GEMM: MXFP4 or NVFP4 weights only"
         if act is not None and not GLUON_QUANTIZED_ACT:
-            return False, ("the Gluon decode GEMM takes bf16 activations (W4A16); quantized ones are opt-in "
-                           "(MOE_CONFORMANCE_GLUON_QUANTIZED_ACT=1) until an H200 run checks them")
+            return False, ("quantized activations through the Gluon decode GEMM are off "
+                           "(MOE_CONFORMANCE_GLUON_QUANTIZED_ACT=0 in the environment)")
         if w.kind is NVFP4 and not GLUON_NVFP4:
             return False, ("NVFP4 through the Gluon decode GEMM is off (MOE_CONFORMANCE_GLUON_NVFP4=0 in the "
                            "environment)")

@@ -136,6 +136,22 @@ class TritonEmulationBackend:
         self.tiles = {**base, **{k: int(v) for k, v in params.items()}}
         return self
 
+    def resolve_tiles(self, tiles: dict, prepared: Prepared, p: int, dev) -> dict:
+        """A tile table row's rules resolved where the launch's grids are known (p pairs of `prepared`'s model)."""
+        ckpt = prepared.ckpt
+        if "split_k_programs" in tiles:
+            tiles = split_k_to_fill(tiles, min(ckpt.num_experts, p) * triton_cdiv(ckpt.intermediate_size,
+                                                                                tiles["block_n"]))
+        if "pdl_bytes" in tiles:  # programmatic dependent launches where GEMM2's weights (at most one expert per
+            # pair) are at most that many bytes, so that GEMM2's prefetch under GEMM1 stays in L2
+            w2_bytes = min(ckpt.num_experts, p) * sum(t[0].numel() * t.element_size() for t in
+                                                      (prepared.w2, prepared.w2_scale) if t is not None)
+            tiles = {**{k: v for k, v in tiles.items() if k != "pdl_bytes"},
+                     "pdl": int(tiles.get("pdl") or w2_bytes <= tiles["pdl_bytes"])}
+        if K.INTERPRET and tiles.get("pdl"):  # no griddepcontrol in the interpreter; dependents change timing only
+            tiles = {**tiles, "pdl": 0}
+        return tiles
+
     def tile_config(self, n_pairs: int, weight_kind: str | None) -> dict:
         """Tiles for a launch: the fixed ones, or the first TILE_TABLE row that matches (measured on the
         H200 with tools/tune_moe.py; BENCHMARKS.md). The interpreter keeps small tiles."""
@@ -193,17 +209,7 @@ class TritonEmulationBackend:
         isz = ckpt.intermediate_size
         p = t * k
         wq = ckpt.scheme.weight
-        tiles = self.tile_config(p, None if wq is None else wq.kind)
-        if "split_k_programs" in tiles:  # a table row's rule, resolved here where GEMM1's grid is known
-            tiles = split_k_to_fill(tiles, min(ckpt.num_experts, p) * triton_cdiv(isz, tiles["block_n"]))
-        if "pdl_bytes" in tiles:  # likewise: programmatic dependent launches where GEMM2's weights (at most one
-            # expert per pair) are at most that many bytes, so that GEMM2's prefetch under GEMM1 stays in L2
-            w2_bytes = min(ckpt.num_experts, p) * sum(t[0].numel() * t.element_size() for t in
-                                                      (prepared.w2, prepared.w2_scale) if t is not None)
-            tiles = {**{k: v for k, v in tiles.items() if k != "pdl_bytes"},
-                     "pdl": int(tiles.get("pdl") or w2_bytes <= tiles["pdl_bytes"])}
-        if K.INTERPRET and tiles.get("pdl"):  # no griddepcontrol in the interpreter; dependents change timing only
-            tiles = {**tiles, "pdl": 0}
+        tiles = self.resolve_tiles(self.tile_config(p, None if wq is None else wq.kind), prepared, p, dev)
         aq, fp8_fmt = ckpt.scheme.act, ckpt.fp8_format
         # NVFP4 W4A4: the routing launch also quantizes GEMM1's input (at decode), GEMM1's epilogue GEMM2's;
         # both store nvfp4_quantize_kernel's values
