@@ -1,7 +1,7 @@
 #!/bin/bash
 # Issue 28 run-12 (session 20, H200, carry .third_party), each part one call:
 #   PART=tune  bash results/gpu-issue28/run-12/run-12.sh   (~4 min)
-#   PART=bench bash results/gpu-issue28/run-12/run-12.sh   (~9 min)
+#   PART=bench bash results/gpu-issue28/run-12/run-12.sh   (~9 min: a smoke of the one-wave configs, then make bench)
 # tune: one token, both models, GEMM1 at block_n 64 / 128 and split 1-4, GEMM2 at w2_block_n 64 / 128, pdl 0 / 1
 #   (ring 4, schedule 0): the one-token defaults (run-11: Kimi-K2 at block_n 128 93.2 us against 96.5; triton_kernels'
 #   GEMMs alone 87.8); NVFP4 W4A4 through the Gluon kernel likewise (run-11: Kimi-K2 one token 111.4 us against
@@ -34,8 +34,16 @@ for path in sys.argv[1:]:
 PY
   ;;
 bench)
+  # first the one-wave rule's new one-token configs bit for bit against triton_bitplace (same rows and split)
+  for case in "kimi-k2 w_mxfp4 128 2 128 0" "kimi-k2 w_nvfp4_a_nvfp4 128 2 128 0" "gpt-oss-120b w_nvfp4_a_nvfp4 64 2 64 1"; do
+    set -- $case
+    timeout 60 python3 tools/bit_for_bit.py --model $1 --scheme $2 --tokens 1 --ref triton_bitplace --ref-config \
+      num_stages=3 --backend triton_bitplace_gluon --config num_stages=4 --sweep block_n=$3 --sweep split_k=$4 \
+      --config w2_block_n=$5 --config pdl=$6 --replays 5 >> $OUT/smoke.log 2>&1
+    echo "$case: rc=$?"
+  done
   t0=$(date +%s)
-  timeout 580 make bench PY=python3 SETUP= BENCH_ARGS='--durations=12 -k "(gpt-oss-120b or kimi-k2) and (T1/ or T8/ or T64/ or T8192/) and ((w_mxfp4/ or w_nvfp4/ or w_nvfp4_a_nvfp4/) and (triton_bitplace_gluon and not T8192/ or triton_bitplace and not triton_bitplace_gluon and T8192/) or bf16/ and (triton_emulation or torch_grouped_mm) or triton_kernels_ogs and not T8192/)"' \
+  timeout 500 make bench PY=python3 SETUP= BENCH_ARGS='--durations=12 -k "(gpt-oss-120b or kimi-k2) and (T1/ or T8/ or T64/ or T8192/) and ((w_mxfp4/ or w_nvfp4/ or w_nvfp4_a_nvfp4/) and (triton_bitplace_gluon and not T8192/ or triton_bitplace and not triton_bitplace_gluon and T8192/) or bf16/ and (triton_emulation or torch_grouped_mm) or triton_kernels_ogs and not T8192/)"' \
     > $OUT/bench.log 2>&1
   echo "bench: rc=$? $(( $(date +%s) - t0 )) s"; tail -3 $OUT/bench.log
   mkdir -p $OUT/bench && cp bench/table.md bench/results.json bench/targets.md $OUT/bench/ 2>/dev/null
