@@ -151,12 +151,13 @@ def test_the_kernels_a_forward_launches_compile_for_sm90_without_a_gpu():
     # consumer's three schedules (GEMM2's K 3 chunks, so that schedule 1's two-step
     # loop is compiled, not folded), with one and two consumer warpgroups a program, its layout conversions to the
     # wgmma operand asserted trivial by the compiler; pdl 1: the chain as programmatic dependents, each dependent's
-    # PTX checked against triton_kernels.PDL_ORDER (compile_check.dependent_launch_violations)
+    # PTX checked against triton_kernels.PDL_ORDER (compile_check.dependent_launch_violations); pdl 2 the same chain
+    # with GEMM2 waiting at entry (no L2 prefetch)
     for overlap, block_n, case, pdl in ((0, 64, "w_mxfp4/SWIGLUOAI", 0), (1, 64, "w_mxfp4/SWIGLUOAI", 0),
                                         (2, 64, "w_mxfp4/SWIGLUOAI", 0), (0, 128, "w_mxfp4/SWIGLUOAI", 0),
                                         (2, 128, "w_mxfp4/SWIGLUOAI", 0), (0, 64, "w_nvfp4/SILU", 0),
                                         (1, 128, "w_nvfp4/SILU", 0), (0, 64, "w_mxfp4/SWIGLUOAI", 1),
-                                        (1, 128, "w_nvfp4/SILU", 1), (0, 64, "w_nvfp4_a_nvfp4/SWIGLUOAI", 1)):
+                                        (1, 128, "w_nvfp4/SILU", 2), (0, 64, "w_nvfp4_a_nvfp4/SWIGLUOAI", 1)):
         gluon = subprocess.run([sys.executable, "-m", "harness.backends.compile_check", "--tokens", "1", "--case",
                                 f"triton_bitplace/{case}", "--skip", "moe_align_kernel", "--configure",
                                 f"mma_overlap={overlap}", "--configure", f"block_n={block_n}", "--configure",

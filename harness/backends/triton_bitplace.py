@@ -148,8 +148,9 @@ class TritonBitplaceBackend(TritonEmulationBackend):
         stages, maxnreg = max(2, tiles["num_stages"]), tiles.get("maxnreg") or GLUON_MAXNREG
         overlap = tiles.get(f"{which}_mma_overlap", tiles.get("mma_overlap", GLUON_OVERLAP))  # GEMM2's may differ
         per_program = block_n // 64  # 64-row tiles a program: one consumer warpgroup each
-        # programmatic dependent launch (triton_kernels.PDL_ORDER): GEMM1 waits at entry, GEMM2 prefetches first
-        pdl = (1 if which == "w13" else 2) if tiles.get("pdl") else 0
+        # programmatic dependent launch (triton_kernels.PDL_ORDER): GEMM1 waits at entry; GEMM2 prefetches its
+        # weights into L2 first (the tiles' pdl 1) or waits at entry too (pdl 2: the launches overlap, no prefetch)
+        pdl = (1 if which == "w13" or tiles["pdl"] == 2 else 2) if tiles.get("pdl") else 0
 
         def run(a, partials, sorted_rows, block_expert, n_pairs, a_row_div, n_out, n_rows, k_dim, gated, split_k):
             if a.data_ptr() % 16 or a.stride() != (k_dim, 1):  # cp.async moves 16-byte runs of whole rows: a view

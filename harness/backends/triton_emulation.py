@@ -87,7 +87,8 @@ TILE_KEYS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "w2_blo
 # shared among this many programs per tile, fp32 partial sums added in order by splitk_epilogue_kernel: more
 # programs when few tokens leave SMs idle), mma_overlap (triton_bitplace_gluon: the consumer's schedule, 0-2,
 # triton_bitplace.GLUON_OVERLAP; w2_mma_overlap GEMM2's, one tile a step, where it differs), pdl (triton_bitplace_gluon
-# at decode: 1 launches the chain as programmatic dependents, triton_kernels.PDL_ORDER). A table row may give
+# at decode: 1 launches the chain as programmatic dependents, triton_kernels.PDL_ORDER, GEMM2 prefetching its weights
+# into L2 before its wait; 2 likewise without the prefetch). A table row may give
 # split_k_programs instead: split_k then is the fewest splits that give GEMM1 that many programs (split_k_to_fill),
 # and pdl_bytes: pdl 1 where GEMM2's weights of the call (one expert a pair at most) are at most that many bytes
 # (pdl set 1 stays)

@@ -37,7 +37,7 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 #   GEMM1 (bitplace_partials, PDL 1)     waits at entry, then triggers
 #   splitk_epilogue_kernel               triggers at entry, then waits (GEMM2 may start under GEMM1's last wave)
 #   GEMM2 (bitplace_partials, PDL 2)     reads its block's expert and prefetches its weights into L2, then waits,
-#                                        then triggers
+#                                        then triggers (the tiles' pdl 1); or as GEMM1, PDL 1 (the tiles' pdl 2)
 #   splitk_topk_reduce_kernel            waits at entry, then triggers
 # Every dependent waits before it reads its predecessor's output or writes anything (a buffer of the same forward
 # may reuse a predecessor's memory). GEMM2's reads before its wait are of the weights and of moe_align_kernel's

@@ -10,6 +10,7 @@
 #   triton_bitplace at prefill, where the Gluon backend launches the same moe_gemm_kernel).
 export PYTHONUNBUFFERED=1
 case "${PART:-tune}" in
+pdl2) ;;
 tune)
   W="--where num_stages=4 --where mma_overlap=0 --where w2_mma_overlap=0"
   timeout 280 python3 tools/tune_moe.py --case kimi-k2/w_mxfp4/triton_bitplace_gluon \
@@ -50,3 +51,19 @@ bench)
   grep -E "^\| " bench/targets.md | cut -c1-200 | head -40
   ;;
 esac
+# PART=pdl2 (written after the bench, ~2 min): pdl 2, the chain as programmatic dependents without GEMM2's L2 prefetch
+# (GEMM2 waits at entry as GEMM1 does): bit for bit under graph replays, then timed against pdl 0 / 1 where pdl 1's
+# prefetch was slower (GEMM2's weights over 25 MB: Kimi-K2 one token, both models at 8 tokens)
+if [ "${PART}" = pdl2 ]; then
+  timeout 60 python3 tools/bit_for_bit.py --model kimi-k2 --scheme w_nvfp4 --tokens 1 8 --ref triton_bitplace \
+    --ref-config num_stages=3 --backend triton_bitplace_gluon --config num_stages=4 --config w2_block_n=128 \
+    --sweep split_k=2 --sweep pdl=2 --replays 5 > $OUT/pdl2-smoke.log 2>&1
+  echo "pdl 2 smoke: rc=$? $(grep -c 'bit for bit True' $OUT/pdl2-smoke.log) True"
+  W="--where num_stages=4 --where mma_overlap=0 --where w2_mma_overlap=0 --where w2_block_n=128"
+  timeout 90 python3 tools/tune_moe.py --case kimi-k2/w_mxfp4/triton_bitplace_gluon --tokens 1 $W --where block_n=128 \
+    --where split_k=2 > $OUT/pdl2-t1.log 2>&1; mv $OUT/tune.json $OUT/pdl2-t1.json
+  timeout 90 python3 tools/tune_moe.py --case kimi-k2/w_mxfp4/triton_bitplace_gluon \
+    --case gpt-oss-120b/w_mxfp4/triton_bitplace_gluon --tokens 8 $W --where block_n=64 --where split_k=1 \
+    > $OUT/pdl2-t8.log 2>&1
+  grep -hE "^  T=|best" $OUT/pdl2-t1.log $OUT/pdl2-t8.log | sed -E "s/'block_m'.*'pdl'/pdl/"
+fi
