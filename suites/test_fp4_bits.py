@@ -543,7 +543,7 @@ def test_the_gluon_decode_rows_follow_the_one_wave_rule(monkeypatch):
     """triton_bitplace_gluon's rows a program where a GEMM's 64-row grid is one wave (one_wave_block_n), at the H200's
     132 multiprocessors and the model shapes of run-12's one-token sweep: Kimi-K2's GEMM1 at 128 rows split 2 (the
     fastest there), gpt-oss-120b's both GEMMs at 64 (likewise); from 8 tokens on, and wherever a sweep fixes the tiles,
-    the defaults stay. A 1.4x gain is not taken, 1.5x is."""
+    the defaults stay. A 1.25x gain is not taken, 1.5x is. The pdl rule beside it (run-12's pdl sweep)."""
     from types import SimpleNamespace
 
     from harness.backends import triton_kernels
@@ -554,21 +554,22 @@ def test_the_gluon_decode_rows_follow_the_one_wave_rule(monkeypatch):
     assert (gluon_programs_per_sm(64), gluon_programs_per_sm(128)) == (3, 2)  # 80 registers: 256 / 384 threads
     monkeypatch.setattr(triton_kernels, "INTERPRET", False)  # the GPU's tile table
     backend = TritonBitplaceGluonBackend()
-    w2 = torch.zeros(1, 1 << 20, dtype=torch.uint8)  # 1 MB an expert: pdl where the rule says so, not checked here
+    # and the dependent launches: GEMM2 prefetching its weights (pdl 1) where they are at most 25 MB (gpt-oss-120b one
+    # token: 4 experts x 4.1 MB of codes), else without the prefetch (pdl 2)
     for (experts, inter, hidden, top_k, tokens), want in {
-            (128, 2880, 2880, 4, 1): (64, 2, 64), (384, 2048, 7168, 8, 1): (128, 2, GLUON_W2_BLOCK_N),
-            (128, 2880, 2880, 4, 8): (64, 1, GLUON_W2_BLOCK_N), (384, 2048, 7168, 8, 8): (64, 1, GLUON_W2_BLOCK_N)
+            (128, 2880, 2880, 4, 1): (64, 2, 64, 1), (384, 2048, 7168, 8, 1): (128, 2, GLUON_W2_BLOCK_N, 2),
+            (128, 2880, 2880, 4, 8): (64, 1, GLUON_W2_BLOCK_N, 2), (384, 2048, 7168, 8, 8): (64, 1, GLUON_W2_BLOCK_N, 2)
     }.items():
         p = tokens * top_k
         prep = SimpleNamespace(ckpt=SimpleNamespace(num_experts=experts, intermediate_size=inter, hidden_size=hidden),
-                               w2=w2, w2_scale=None)
+                               w2=torch.zeros(1, hidden * inter // 2, dtype=torch.uint8), w2_scale=None)
+        monkeypatch.setattr(triton_kernels, "INTERPRET", False)  # the GPU's rules (the interpreter turns pdl off)
         tiles = backend.resolve_tiles(backend.tile_config(p, MX), prep, p, "cpu")
-        assert (tiles["block_n"], tiles["split_k"], tiles["w2_block_n"]) == want, (experts, tokens, tiles)
-        assert "one_wave_rows" not in tiles and "split_k_programs" not in tiles
+        assert (tiles["block_n"], tiles["split_k"], tiles["w2_block_n"], tiles["pdl"]) == want, (experts, tokens, tiles)
+        assert "one_wave_rows" not in tiles and "split_k_programs" not in tiles and "pdl_bytes" not in tiles
     fixed = backend.configure(block_m=16, block_n=64, split_k=1)  # a sweep's tiles are what it asked for
-    prep = SimpleNamespace(ckpt=SimpleNamespace(num_experts=384, intermediate_size=2048, hidden_size=7168), w2=w2,
-                           w2_scale=None)
     assert fixed.resolve_tiles(fixed.tile_config(8, MX), prep, 8, "cpu")["block_n"] == 64
+    assert fixed.resolve_tiles(fixed.tile_config(8, MX), prep, 8, "cpu")["pdl"] == 0
     # one expert of 70 64-row tiles split 4 ways: 280 programs, 280 warpgroups; 35 128-row tiles split 5 ways: 175
     # programs, 350 warpgroups (1.25x: not taken), split 6 ways: 210 programs, 420 (1.5x: taken), split 8 ways: 280
     # programs, past the 264 that fit

@@ -24,7 +24,10 @@ built per block by triton_kernels._nvfp4_factor_words, moe_gemm_kernel's own; 42
 tiles against moe_gemm_kernel's 531 (Triton 3.6 for sm90); on the H200 bit for bit with triton_bitplace and 8-13%
 faster than it from 8 tokens on (results/gpu-issue28/run-9, run-10): the default (MOE_CONFORMANCE_GLUON_NVFP4=0 off).
 PDL (programmatic dependent launch, triton_kernels.PDL_ORDER): GEMM1 waits at entry; GEMM2 prefetches its weights
-into L2 before it waits, under GEMM1's last wave (gpt-oss-120b one token 39.1 -> 36.8 us, run-9's tune-pdl).
+into L2 before it waits, under GEMM1's last wave (gpt-oss-120b one token 39.1 -> 36.8 us, run-9's tune-pdl), or where
+they are too many for L2 waits at entry too (Kimi-K2 one token 91.3 -> 85.6 us, results/gpu-issue28/run-12).
+Quantized activations (W4A4, W4A8: exact bf16 values, their one scale applied by the epilogue kernels) run the same
+kernel: on the H200 bit for bit with triton_bitplace (run-11).
 """
 
 from __future__ import annotations

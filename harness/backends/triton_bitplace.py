@@ -311,13 +311,16 @@ GLUON_NVFP4 = os.environ.get("MOE_CONFORMANCE_GLUON_NVFP4", "1") == "1"
 # MOE_CONFORMANCE_GLUON_QUANTIZED_ACT=0: quantized activations through moe_gemm_kernel (A/B runs)
 GLUON_QUANTIZED_ACT = os.environ.get("MOE_CONFORMANCE_GLUON_QUANTIZED_ACT", "1") == "1"
 # the decode chain as programmatic dependent launches (triton_kernels.PDL_ORDER: each kernel may start under the
-# one before, GEMM2 prefetching its weights into L2 while GEMM1 ends) where GEMM2's weights of the call fit in half
-# the H200's 50 MB L2 beside GEMM1's stream. run-9's tune-pdl (bit for bit in 68 of 68 graph-replayed smoke cases):
-# gpt-oss-120b one token (GEMM2 17.6 MB) 39.1 -> 36.8 us; 2-5% slower wherever GEMM2's weights are larger: Kimi-K2 one
-# token (62 MB, one GEMM1 wave too: 256 programs) 98.0 -> 99.6, 8 and 64 tokens on both models (112 MB and more).
-# The rule fits those six points; the prefetch's L2 footprint as the cause is the reading, not a measurement.
-# MOE_CONFORMANCE_GLUON_PDL=1 everywhere (A/B runs), or the tiles' `pdl` key (tools/tune_moe.py)
-GLUON_PDL = int(os.environ.get("MOE_CONFORMANCE_GLUON_PDL", "0"))
+# one before) at every decode point: with GEMM2 prefetching its weights into L2 while GEMM1 ends (pdl 1) where they
+# fit in half the H200's 50 MB L2 beside GEMM1's stream (GLUON_PDL_BYTES), else without the prefetch (pdl 2).
+# run-9's tune-pdl: pdl 1 at gpt-oss-120b one token (GEMM2 17.6 MB) 39.1 -> 36.8 us, 2-5% slower wherever GEMM2's
+# weights are larger (Kimi-K2 one token 62 MB; 8 and 64 tokens, 112 MB and more). run-12 (results/gpu-issue28/run-12,
+# graph replays bit for bit): pdl 2 against none, Kimi-K2 MXFP4 one token 91.3 -> 85.6 us (pdl 1 88.9), 8 tokens
+# 451.3 -> 436.4 (pdl 1 462.4), 64 tokens 2123.8 -> 2060.5, gpt-oss-120b 8 tokens 136.0 -> 135.1, 64 tokens 503.0 ->
+# 504.6 (noise), NVFP4 W4A4 Kimi-K2 8 tokens 514.1 -> 503.2; gpt-oss-120b one token pdl 1 36.4, pdl 2 36.8.
+# The prefetch's L2 footprint as the cause of pdl 1's losses is the reading, not a measurement.
+# MOE_CONFORMANCE_GLUON_PDL=0 / 1 / 2 sets one everywhere (A/B runs), as the tiles' `pdl` key does (tools/tune_moe.py)
+GLUON_PDL = os.environ.get("MOE_CONFORMANCE_GLUON_PDL")
 GLUON_PDL_BYTES = 25 << 20
 # the rows a program where a GEMM's 64-row grid (split to fill, split_k_to_fill) is one wave or less, as at one token:
 # there the programs a multiprocessor are few and each streams its K alone, so what hides the latency is the consumer
@@ -367,10 +370,11 @@ class TritonBitplaceGluonBackend(TritonBitplaceBackend):
             tiles["w2_block_n"] = GLUON_W2_BLOCK_N
             if "split_k_programs" in tiles:
                 tiles["split_k_programs"] = GLUON_SPLIT_K_PROGRAMS
-            tiles["pdl_bytes"] = GLUON_PDL_BYTES
+            if GLUON_PDL is None:
+                tiles["pdl_bytes"] = GLUON_PDL_BYTES
             tiles["one_wave_rows"] = 1
-        if tiles["block_m"] == 16:
-            tiles.setdefault("pdl", GLUON_PDL)
+        if tiles["block_m"] == 16 and "pdl_bytes" not in tiles:
+            tiles.setdefault("pdl", int(GLUON_PDL or 0))
         return tiles
 
     def resolve_tiles(self, tiles: dict, prepared, p: int, dev) -> dict:

@@ -90,8 +90,8 @@ TILE_KEYS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "w2_blo
 # at decode: 1 launches the chain as programmatic dependents, triton_kernels.PDL_ORDER, GEMM2 prefetching its weights
 # into L2 before its wait; 2 likewise without the prefetch). A table row may give
 # split_k_programs instead: split_k then is the fewest splits that give GEMM1 that many programs (split_k_to_fill),
-# and pdl_bytes: pdl 1 where GEMM2's weights of the call (one expert a pair at most) are at most that many bytes
-# (pdl set 1 stays)
+# and pdl_bytes: pdl 1 where GEMM2's weights of the call (one expert a pair at most) are at most that many bytes,
+# else 2
 # (max pairs, weight kinds or None for any, tiles), first match wins. Decode rows from the H200 sweep
 # of tools/tune_moe.py --quick (results/gpu-issue8/tune.json); prefill rows from its prefill sweep.
 TILE_TABLE = (
@@ -143,12 +143,12 @@ class TritonEmulationBackend:
         if "split_k_programs" in tiles:
             tiles = split_k_to_fill(tiles, min(ckpt.num_experts, p) * triton_cdiv(ckpt.intermediate_size,
                                                                                 tiles["block_n"]))
-        if "pdl_bytes" in tiles:  # programmatic dependent launches where GEMM2's weights (at most one expert per
-            # pair) are at most that many bytes, so that GEMM2's prefetch under GEMM1 stays in L2
+        if "pdl_bytes" in tiles:  # programmatic dependent launches, GEMM2 prefetching its weights into L2 where they
+            # (at most one expert per pair) are at most that many bytes, so that the prefetch under GEMM1 stays in L2
             w2_bytes = min(ckpt.num_experts, p) * sum(t[0].numel() * t.element_size() for t in
                                                       (prepared.w2, prepared.w2_scale) if t is not None)
             tiles = {**{k: v for k, v in tiles.items() if k != "pdl_bytes"},
-                     "pdl": int(tiles.get("pdl") or w2_bytes <= tiles["pdl_bytes"])}
+                     "pdl": 1 if w2_bytes <= tiles["pdl_bytes"] else 2}
         if K.INTERPRET and tiles.get("pdl"):  # no griddepcontrol in the interpreter; dependents change timing only
             tiles = {**tiles, "pdl": 0}
         return tiles
