@@ -50,6 +50,30 @@ def test_nvfp4_factor_placed_and_folded_decodes_every_code_and_scale_to_value_ti
     assert bool((exact[nonzero].abs() >= 2.0**-126).all())  # normal: no flush anywhere downstream can bite
 
 
+def test_nvfp4_factor_by_an_exponent_add_equals_the_multiplies_for_every_normal_scale():
+    """triton_kernels._nvfp4_factor_words' NORMAL path in torch (int64 words standing for the kernel's int32): with
+    four scale bytes in a word sw, even = ((sw & 0x007F007F) << 4) + 0x77807780 | (sw & 0x00800080) << 8 holds bytes
+    0 and 2 in its halves, odd the same of sw >> 8 (arithmetic) bytes 1 and 3; each half is the bf16 bits of that
+    byte's value x 2^119, the two multiplies' value (above), for every normal E4M3 code in every byte position beside
+    any other bytes. Zero and subnormal codes come out wrong (so prepare() sets NV_NORMAL only without them)."""
+    codes = torch.arange(256, dtype=torch.int64)
+    normal = ((codes & 0x78) != 0) & ((codes & 0x7F) != 0x7F)
+    bf = lambda x: torch.tensor(x, dtype=torch.bfloat16)  # noqa: E731
+    want = (place_e4m3(codes.to(torch.uint8)) * bf(2.0**127) * bf(2.0**112)).view(torch.int16).to(torch.int64) & 0xFFFF
+    g = torch.Generator().manual_seed(5)
+    for pos in range(4):
+        others = torch.randint(0, 256, (256, 4), generator=g)
+        others[:, pos] = codes
+        sw = sum(others[:, i] << (8 * i) for i in range(4))
+        sw = (sw ^ 0x80000000) - 0x80000000  # as a signed int32
+        even = (((sw & 0x007F007F) << 4) + 0x77807780) | ((sw & 0x00800080) << 8)
+        odd = ((((sw >> 8) & 0x007F007F) << 4) + 0x77807780) | (((sw >> 8) & 0x00800080) << 8)
+        got = ((even if pos % 2 == 0 else odd) >> (16 * (pos // 2))) & 0xFFFF
+        assert torch.equal(got[normal], want[normal]), pos
+        low = (codes & 0x78) == 0  # zero and subnormal: the add is not the multiply
+        assert not bool((got[low] == want[low]).any()), pos
+
+
 def _matches_reference(decode, top: int) -> bool:
     packed, s = _every_byte_under(range(0, top + 1))
     got = decode(packed, s)
@@ -105,6 +129,29 @@ def test_the_bitplace_backend_folds_only_where_exact():
         scale[0, 0, 0] = code
         big = dataclasses.replace(ckpt, w2=dataclasses.replace(ckpt.w2, scale=scale))
         assert backend.prepare(big).constexprs == dict(BITPLACE=False), code
+
+
+def test_nvfp4_factors_by_an_exponent_add_only_where_every_scale_is_normal(monkeypatch):
+    """prepare() of an NVFP4 checkpoint sets NV_NORMAL (the factors' exponent by an integer add; opt-in) where every
+    block scale of both GEMMs is a normal E4M3 number; one zero, negative zero or subnormal scale anywhere leaves the
+    multiplies (the add would give it 2^112 x (1 + m / 8))."""
+    import dataclasses
+
+    from harness.backends import triton_bitplace
+    from harness.backends.triton_bitplace import TritonBitplaceBackend
+    from harness.core.conformance import SHAPES, case_checkpoint
+
+    ckpt = case_checkpoint("w_nvfp4", "SILU", "e4m3fn", SHAPES["cpu"], 0, False)
+    backend = TritonBitplaceBackend()
+    monkeypatch.setattr(triton_bitplace, "NVFP4_EXPONENT_ADD", False)
+    assert backend.prepare(ckpt).constexprs == dict(BITPLACE=True, ROW_PAIRS=backend.row_pairs)
+    monkeypatch.setattr(triton_bitplace, "NVFP4_EXPONENT_ADD", True)
+    assert backend.prepare(ckpt).constexprs == dict(BITPLACE=True, ROW_PAIRS=backend.row_pairs, NV_NORMAL=True)
+    for which, code in (("w2", 0x00), ("w13", 0x80), ("w2", 0x05), ("w13", 0x87)):
+        scale = getattr(ckpt, which).scale.clone()
+        scale[-1, -1, -1] = code
+        low = dataclasses.replace(ckpt, **{which: dataclasses.replace(getattr(ckpt, which), scale=scale)})
+        assert backend.prepare(low).constexprs == dict(BITPLACE=True, ROW_PAIRS=backend.row_pairs), (which, code)
 
 
 @pytest.mark.parametrize("k", [2880, 7168, 2048, 768, 160], ids=lambda k: f"K{k}")
@@ -180,7 +227,7 @@ def test_the_bitplace_kernel_reads_k_tails(scheme, tiles):
         backend.configure(block_m=16, block_k=128, num_warps=4, num_stages=2, **tiles)
     shape = backend_shape(backend, Shape(num_experts=4, hidden_size=160, intermediate_size=96, tokens=7, top_k=3))
     ckpt, inputs, out, trace = reference_run(scheme, "SWIGLUOAI", "e4m3fn", shape, 3, backend_structure(backend))
-    assert backend.prepare(ckpt).constexprs == dict(BITPLACE=True, ROW_PAIRS=backend.row_pairs)
+    assert backend.prepare(ckpt).constexprs.items() >= dict(BITPLACE=True, ROW_PAIRS=backend.row_pairs).items()
     result = compare_backend(backend, ckpt, inputs, out, trace, f"K tail/{scheme}")
     assert result.ok, result.message()
 
@@ -301,7 +348,7 @@ def test_rows_stored_in_pairs_give_the_same_outputs_bit_for_bit(scheme, act, til
         ckpt = case_checkpoint(scheme, act, "e4m3fn", shape, 3, True)
         x, w, ids = case_inputs(shape, 3)
         prep = backend.prepare(ckpt)
-        assert prep.constexprs == dict(BITPLACE=True, ROW_PAIRS=paired)
+        assert prep.constexprs.items() >= dict(BITPLACE=True, ROW_PAIRS=paired).items()
         outs.append(backend.forward(prep, x, w, ids))
     assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
 
@@ -358,7 +405,7 @@ def test_every_bitplace_tile_configuration_the_sweep_may_pick_is_exact(scheme, b
     shape = backend_shape(backend, Shape(num_experts=4, hidden_size=hidden, intermediate_size=inter, tokens=tokens,
                                          top_k=3))
     ckpt, inputs, out, trace = reference_run(scheme, "SWIGLUOAI", "e4m3fn", shape, seed, backend_structure(backend))
-    assert backend.prepare(ckpt).constexprs == dict(BITPLACE=True, ROW_PAIRS=backend.row_pairs)
+    assert backend.prepare(ckpt).constexprs.items() >= dict(BITPLACE=True, ROW_PAIRS=backend.row_pairs).items()
     result = compare_backend(backend, ckpt, inputs, out, trace, f"{scheme} tiles")
     assert result.ok, result.message()
 
@@ -620,13 +667,14 @@ def test_the_gluon_gemm_takes_exactly_the_launches_its_contract_covers(monkeypat
 
     seen = []
     monkeypatch.setattr(gluon_kernels, "launch_bitplace_partials", lambda *args: seen.append(args[-6:]))
-    for pdl in (0, 1):  # pdl: GEMM1 waits at entry (mode 1), GEMM2 prefetches first (mode 2)
+    for pdl in (0, 1, 2):  # pdl 1: GEMM1 waits at entry (mode 1), GEMM2 prefetches first (mode 2); pdl 2: both 1
         tiles = dict(decode, num_stages=3, mma_overlap=1, w2_mma_overlap=2, w2_block_n=128, pdl=pdl)
         for which in ("w13", "w2"):
             run = gluon._partials_kernel(prep, which, 0, tiles, None, 128, 256, 256)
             run(torch.zeros(2, 256, dtype=torch.bfloat16), None, None, None, 2, 1, 128, 256, 256, which == "w13", 1)
-    assert seen == [(3, GLUON_MAXNREG, 1, 1, False, 0), (3, GLUON_MAXNREG, 2, 2, False, 0),
-                    (3, GLUON_MAXNREG, 1, 1, False, 1), (3, GLUON_MAXNREG, 2, 2, False, 2)], seen
+    assert seen == [(3, GLUON_MAXNREG, 1, 1, 0, 0), (3, GLUON_MAXNREG, 2, 2, 0, 0),
+                    (3, GLUON_MAXNREG, 1, 1, 0, 1), (3, GLUON_MAXNREG, 2, 2, 0, 2),
+                    (3, GLUON_MAXNREG, 1, 1, 0, 1), (3, GLUON_MAXNREG, 2, 2, 0, 1)], seen
     # NVFP4 W4A16 (8 scale bytes a row and chunk, read as 256-byte box rows; MOE_CONFORMANCE_GLUON_NVFP4=0 turns
     # it off): N_ROWS and N_OUT multiples of 32
 
@@ -634,10 +682,17 @@ def test_the_gluon_gemm_takes_exactly_the_launches_its_contract_covers(monkeypat
     monkeypatch.setattr(triton_bitplace, "GLUON_NVFP4", False)
     assert gluon._partials_kernel(gluon.prepare(nv), "w13", 0, decode, None, 128, 256, 256) is None
     monkeypatch.setattr(triton_bitplace, "GLUON_NVFP4", True)
+    monkeypatch.setattr(triton_bitplace, "NVFP4_EXPONENT_ADD", True)
     nv_prep = gluon.prepare(nv)
     assert nv_prep.extras["w13_scale_by_chunk"].shape == (2 * 2, 256 * 8)
     assert gluon._partials_kernel(nv_prep, "w13", 0, decode, None, 128, 256, 256) is not None
     assert gluon._partials_kernel(nv_prep, "w13", 0, decode, None, 112, 224, 256) is None  # 112 rows: 3.5 x 32
     gluon._partials_kernel(nv_prep, "w2", 0, decode, None, 256, 256, 128)(
         torch.zeros(2, 128, dtype=torch.bfloat16), None, None, None, 2, 1, 256, 256, 128, False, 1)
-    assert seen[-1][-2] is True, seen
+    assert seen[-1][-2] == 2, seen  # W_NV 2: every scale normal, the factors by an exponent add
+    import dataclasses
+
+    nv_low = dataclasses.replace(nv, w2=dataclasses.replace(nv.w2, scale=nv.w2.scale.clone().fill_(0x05)))
+    gluon._partials_kernel(gluon.prepare(nv_low), "w2", 0, decode, None, 256, 256, 128)(
+        torch.zeros(2, 128, dtype=torch.bfloat16), None, None, None, 2, 1, 256, 256, 128, False, 1)
+    assert seen[-1][-2] == 1, seen  # a subnormal scale: the multiplies

@@ -152,7 +152,7 @@ def test_the_kernels_a_forward_launches_compile_for_sm90_without_a_gpu():
     # loop is compiled, not folded), with one and two consumer warpgroups a program, its layout conversions to the
     # wgmma operand asserted trivial by the compiler; pdl 1: the chain as programmatic dependents, each dependent's
     # PTX checked against triton_kernels.PDL_ORDER (compile_check.dependent_launch_violations); pdl 2 the same chain
-    # with GEMM2 waiting at entry (no L2 prefetch)
+    # with GEMM2 waiting at entry (no L2 prefetch); NVFP4 at 128 rows with the factors by an exponent add (NV_NORMAL)
     for overlap, block_n, case, pdl in ((0, 64, "w_mxfp4/SWIGLUOAI", 0), (1, 64, "w_mxfp4/SWIGLUOAI", 0),
                                         (2, 64, "w_mxfp4/SWIGLUOAI", 0), (0, 128, "w_mxfp4/SWIGLUOAI", 0),
                                         (2, 128, "w_mxfp4/SWIGLUOAI", 0), (0, 64, "w_nvfp4/SILU", 0),
@@ -165,7 +165,8 @@ def test_the_kernels_a_forward_launches_compile_for_sm90_without_a_gpu():
                                 "--intermediate", "384"],
                                capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[1],
                                env=dict(os.environ, TRITON_INTERPRET="0", MOE_CONFORMANCE_BITPLACE_GLUON="1",
-                                        MOE_CONFORMANCE_GLUON_NVFP4="1", MOE_CONFORMANCE_GLUON_QUANTIZED_ACT="1"))
+                                        MOE_CONFORMANCE_GLUON_NVFP4="1", MOE_CONFORMANCE_GLUON_QUANTIZED_ACT="1",
+                                        MOE_CONFORMANCE_NVFP4_EXPONENT_ADD=str(int(block_n == 128))))
         assert gluon.returncode == 0, gluon.stdout[-3000:] + gluon.stderr[-3000:]
         lines = gluon.stdout.splitlines()
         assert sum(line.startswith("compiled bitplace_partials_kernel") for line in lines) == 2, \

@@ -75,7 +75,8 @@ def capture_gemm1(scheme: str, backend_name: str, model: str, tokens: int) -> tu
     setattr(K, kernel, _Grab())
     # the routing alignment's own Triton kernel would need a GPU driver to launch here: its torch twin gives the
     # same blocks
-    backend._align = lambda topk_ids, num_experts, bm, nvfp4=None: backend._align_torch(topk_ids, num_experts, bm)
+    backend._align = lambda topk_ids, num_experts, bm, nvfp4=None, pdl=False: backend._align_torch(topk_ids, num_experts,
+                                                                                                bm)
     # and an activation quantizer's kernel likewise (W4A4 paths): the GEMM's operands have the same dtypes and
     # layout whatever the values, and only GEMM1's launch is wanted
     backend._quantize_activation = lambda x2, scale, aq, fmt: ((x2, 0, x2) if aq is None else

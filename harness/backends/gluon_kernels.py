@@ -106,9 +106,10 @@ def _tile_factors(slot, W_NV: gl.constexpr, SL: gl.constexpr, SVIEW: gl.constexp
     """The block factors of a tile's scale box as bf16x2 words (the factor in both halves), [64 rows, 4 q] in SL:
     (f01, f23), the factors of pairs 0, 1 and of pairs 2, 3 of word 4t + q. MX: the stored exponent field of
     2^(s - 1) placed at bit 7, one block (32 columns) for all four pairs; NVFP4 (W_NV): the E4M3 scale x 2^119
-    (triton_kernels._nvfp4_factor_words), block 2q (columns 32q .. + 15, i2 = 0: pairs 0, 1) and block 2q + 1."""
+    (triton_kernels._nvfp4_factor_words; W_NV 2: every scale normal, the exponent by an integer add), block 2q
+    (columns 32q .. + 15, i2 = 0: pairs 0, 1) and block 2q + 1."""
     if W_NV:
-        d0, d1, d2, d3 = K._nvfp4_factor_words(_scale_words(slot, SCALE_WORDS, SVIEW))  # blocks 4w + 0..3
+        d0, d1, d2, d3 = K._nvfp4_factor_words(_scale_words(slot, SCALE_WORDS, SVIEW), W_NV == 2)  # 4w + 0..3
         f01 = gl.convert_layout(gl.reshape(gl.join(d0, d2), [64, 4]), SL, assert_trivial=True)  # q = 2w + j
         f23 = gl.convert_layout(gl.reshape(gl.join(d1, d3), [64, 4]), SL, assert_trivial=True)
     else:
@@ -395,13 +396,14 @@ def scales_by_chunk(scales, n_rows: int, chunks: int, per_chunk: int = 4):
 
 def launch_bitplace_partials(launcher, codes, scales_t, a, partials, sorted_rows, block_expert, n_pairs: int,
                              a_row_div: int, n_out: int, n_rows: int, k_dim: int, gated: bool, split_k: int,
-                             stages: int, maxnreg: int, overlap: int = 0, tiles: int = 1, nvfp4: bool = False,
+                             stages: int, maxnreg: int, overlap: int = 0, tiles: int = 1, nvfp4: int = 0,
                              pdl: int = 0):
     """One launch of bitplace_partials_kernel through `launcher` (triton_kernels' attribute, so that
     compile_check can record it): codes [E, N_ROWS, chunks * 64] bytes (rows in pairs), scales_t from
     scales_by_chunk, partials fp32 [split_k, n_pairs, 2, n_out]; overlap: the consumer's schedule (_consumer);
     tiles: 64-row tiles (consumer warpgroups) a program, 1 or 2; nvfp4: NVFP4 weights (scales_t of 8 bytes a row
-    and chunk, read as rows of 256 bytes: n_rows and n_out multiples of 32); pdl: 0, or the kernel's PDL mode as a
+    and chunk, read as rows of 256 bytes: n_rows and n_out multiples of 32), 2 where every scale is a normal E4M3
+    number (triton_kernels._nvfp4_factor_words' NORMAL); pdl: 0, or the kernel's PDL mode as a
     programmatic dependent (1 GEMM1, 2 GEMM2: ungated only; triton_kernels.PDL_ORDER)."""
     if pdl == 2 and gated:
         raise ValueError("pdl 2 (weights prefetched before the wait) is GEMM2's mode: ungated tiles only")

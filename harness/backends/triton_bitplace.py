@@ -33,6 +33,13 @@ from . import triton_kernels
 from .triton_emulation import TritonEmulationBackend, split_k_to_fill
 
 
+# NVFP4 block factors by an exponent add where every scale of the checkpoint is a normal E4M3 number (triton_kernels.
+# _nvfp4_factor_words' NORMAL): 16 SASS fewer a K step for Triton 3.6 on sm90 (gated Gluon tiles 434 -> 418,
+# moe_gemm_kernel 531 -> 515, tools/count_loop_instructions.py at gpt-oss-120b 8 tokens); the same bits as the
+# multiplies for every normal code (suites/test_fp4_bits.py, in torch). Compiled, not yet run on a GPU: opt-in
+# (MOE_CONFORMANCE_NVFP4_EXPONENT_ADD=1) until an H200 run checks it (results/gpu-issue28/run-13)
+NVFP4_EXPONENT_ADD = os.environ.get("MOE_CONFORMANCE_NVFP4_EXPONENT_ADD", "0") == "1"
+
 # (max pairs, tiles), first match wins: the H200 sweep of tools/tune_moe.py (BENCHMARKS.md "Issue 28";
 # results/gpu-issue28/run-2, both code layouts, 1 / 8 / 64 tokens, gpt-oss-120b and Kimi-K2 MXFP4). Decode (up to
 # 1024 pairs): 64 rows (32 row pairs) x 16 pairs, 4 warps, 3 stages, K split until GEMM1 has 512 programs
@@ -120,8 +127,12 @@ class TritonBitplaceBackend(TritonEmulationBackend):
             per_chunk = 128 // block  # scale bytes a row and chunk: 4 MX, 8 NVFP4
             extras = {f"{k}_by_chunk": scales_by_chunk(laid[k], laid[k].shape[1], laid[k].shape[2] // per_chunk,
                                                        per_chunk) for k in ("w13_scale", "w2_scale")}
-        return dataclasses.replace(prep, constexprs=dict(BITPLACE=True, ROW_PAIRS=self.row_pairs), extras=extras,
-                                   **laid)
+        constexprs = dict(BITPLACE=True, ROW_PAIRS=self.row_pairs)
+        if NVFP4_EXPONENT_ADD and not mx and all(bool(((s & 0x78) != 0).all()) for s in scales):
+            # every E4M3 scale normal (no zero, no subnormal): the factors by an integer add (triton_kernels.
+            # _nvfp4_factor_words), fewer instructions a K step
+            constexprs["NV_NORMAL"] = True
+        return dataclasses.replace(prep, constexprs=constexprs, extras=extras, **laid)
 
     def _partials_kernel(self, prep, which, a_mode, tiles, quantize_nvfp4, n_out, n_rows, k_dim):
         scales = prep.extras.get(f"{which}_scale_by_chunk")
@@ -157,7 +168,8 @@ class TritonBitplaceBackend(TritonEmulationBackend):
                 a = a.clone(memory_format=torch.contiguous_format)  # at an odd offset goes through a fresh copy
             return launch_bitplace_partials(triton_kernels.bitplace_partials_kernel, codes, scales, a, partials,
                                             sorted_rows, block_expert, n_pairs, a_row_div, n_out, n_rows, k_dim,
-                                            gated, split_k, stages, maxnreg, overlap, per_program, nvfp4, pdl)
+                                            gated, split_k, stages, maxnreg, overlap, per_program,
+                                            2 if nvfp4 and prep.constexprs.get("NV_NORMAL") else int(nvfp4), pdl)
         return run
 
 
@@ -384,8 +396,10 @@ class TritonBitplaceGluonBackend(TritonBitplaceBackend):
             experts = min(ckpt.num_experts, p)
             sms = (torch.cuda.get_device_properties(dev).multi_processor_count
                    if torch.device(dev).type == "cuda" else H200_MULTIPROCESSORS)
-            fill = lambda n: split_k_to_fill(dict(split_k_programs=tiles["split_k_programs"]), n)["split_k"]  # noqa: E731
             if "split_k_programs" in tiles and not tiles.get("split_k"):
+                def fill(programs: int) -> int:  # the splits split_k_to_fill gives a grid of that many
+                    return split_k_to_fill(dict(split_k_programs=tiles["split_k_programs"]), programs)["split_k"]
+
                 tiles["block_n"] = one_wave_block_n(experts, ckpt.intermediate_size, sms, fill) or tiles["block_n"]
                 split = fill(experts * -(-ckpt.intermediate_size // tiles["block_n"]))
                 w2 = one_wave_block_n(experts, ckpt.hidden_size, sms, lambda _: split)

@@ -369,7 +369,7 @@ def _to_mma_order(x, REPS: tl.constexpr, INNER: tl.constexpr):
 @_device
 def _fp4_bitplace_tile(w_ptr, ws_ptr, expert, n0, ROW_MUL: tl.constexpr, ROW_ADD, n_limit, ci, N_ROWS, K,
                        W_KIND: tl.constexpr, REPS: tl.constexpr, INTERPRET_DOT: tl.constexpr, QW: tl.constexpr = 4,
-                       QH: tl.constexpr = 0, ROW_PAIRS: tl.constexpr = False):
+                       QH: tl.constexpr = 0, ROW_PAIRS: tl.constexpr = False, NV_NORMAL: tl.constexpr = False):
     """[64 * REPS, 32 QW] FP4 weights of rows ROW_MUL * n + ROW_ADD (n = n0 .. n0 + 64 REPS - 1), chunk ci of K
     (QW = 4), or its columns [32 QW QH, 32 QW (QH + 1)) (QW = 2: words 4t + 2 QH, +1 of each thread-group),
     by bit placement (harness/backends/fp4_bits.py, checked exhaustively), from the layout that
@@ -385,6 +385,8 @@ def _fp4_bitplace_tile(w_ptr, ws_ptr, expert, n0, ROW_MUL: tl.constexpr, ROW_ADD
                         x 2^-7: every product of an E2M1 and an E4M3 value is a bf16 value, and x 2^-7 keeps the
                         smallest (0.5 x 2^-9) normal and s x 2^119 below bf16's largest; prepare() folds the
                         2^7 back into the per-expert global scale that multiplies the accumulator.
+    NV_NORMAL: every NVFP4 block scale of the launch is a normal E4M3 number: the factor's exponent by an integer add
+    (_nvfp4_factor_words).
     ROW_PAIRS: rows 2m and 2m + 1 stored chunk by chunk side by side (triton_bitplace.pair_rows), so that the lanes
     of rows g = 0 and 1 (lanes 0-7) read one whole 128-byte line of codes per load, and the scales likewise.
     Compiled, each block's factor is built once as the bf16x2 word the packed multiply takes (both halves the
@@ -440,7 +442,7 @@ def _fp4_bitplace_tile(w_ptr, ws_ptr, expert, n0, ROW_MUL: tl.constexpr, ROW_ADD
             e4m3 = (e4m3 * 1.7014118346046923e38) * 5.192296858534828e33  # x 2^127 x 2^112: s x 2^119
             fbits = (e4m3.to(tl.uint32, bitcast=True) >> 16).to(tl.int32)
         else:
-            d0, d1, d2, d3 = _nvfp4_factor_words(sw)
+            d0, d1, d2, d3 = _nvfp4_factor_words(sw, NV_NORMAL)
             fbits = tl.reshape(_in_order(d0, d1, d2, d3), (8, 4, REPS, 2, 1, 4 * SWP))
     # codes n = 4 i0 + p of word 4t + q -> their 16-bit float bits; codes p and p + 4 (columns c and c + 1) placed
     # together into one 32-bit word, the bf16x2 register that the MMA takes
@@ -473,14 +475,22 @@ def _fp4_bitplace_tile(w_ptr, ws_ptr, expert, n0, ROW_MUL: tl.constexpr, ROW_ADD
 
 
 @_device
-def _nvfp4_factor_words(sw):
+def _nvfp4_factor_words(sw, NORMAL: tl.constexpr = False):
     """The factors of the four NVFP4 blocks whose E4M3 scales are the bytes 0..3 of each int32 word sw: each the
     scale's value x 2^119 as bf16 bits in both halves of a word (the bf16x2 the packed multiply takes). Bytes (0, 2)
     and (1, 3) are placed two at a time as bf16x2 words (value x 2^-120), two packed multiplies each, by 2^127 and
-    2^112 (in that order nothing leaves bf16's range; exact), then each half duplicated by a byte permute."""
-    even = _mul_bf16x2(_mul_bf16x2(((sw & 0x007F007F) << 4) | ((sw & 0x00800080) << 8), 0x7F007F00), 0x77807780)
-    odd = _mul_bf16x2(_mul_bf16x2((((sw >> 8) & 0x007F007F) << 4) | (((sw >> 8) & 0x00800080) << 8), 0x7F007F00),
-                      0x77807780)
+    2^112 (in that order nothing leaves bf16's range; exact), then each half duplicated by a byte permute.
+    NORMAL (every scale of the launch a normal E4M3 number, exponent field 1..15: prepare() checks): the placed
+    exponent field e moves to e + 239 by an integer add instead of the multiplies (the same bits: 2^-120 x 2^239;
+    at most 254 with the magnitude below the sign bit, no carry into the high half); a zero or subnormal scale
+    (e = 0) would come out as 2^112 x (1 + m / 8), hence the check."""
+    if NORMAL:
+        even = (((sw & 0x007F007F) << 4) + 0x77807780) | ((sw & 0x00800080) << 8)
+        odd = ((((sw >> 8) & 0x007F007F) << 4) + 0x77807780) | (((sw >> 8) & 0x00800080) << 8)
+    else:
+        even = _mul_bf16x2(_mul_bf16x2(((sw & 0x007F007F) << 4) | ((sw & 0x00800080) << 8), 0x7F007F00), 0x77807780)
+        odd = _mul_bf16x2(_mul_bf16x2((((sw >> 8) & 0x007F007F) << 4) | (((sw >> 8) & 0x00800080) << 8),
+                                      0x7F007F00), 0x77807780)
     d0, d2 = _dup_halves(even)  # blocks 0 and 2 are even's halves, 1 and 3 odd's
     d1, d3 = _dup_halves(odd)
     return d0, d1, d2, d3
@@ -671,7 +681,7 @@ def moe_gemm_kernel(
     HAS_LIMIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     INTERPRET_DOT: tl.constexpr, DOT_SCALED: tl.constexpr = False, DS_FMT: tl.constexpr = "e2m1",
     BITPLACE: tl.constexpr = False, MMA_STEPS: tl.constexpr = 1, SPLIT_K: tl.constexpr = 1,
-    ROW_PAIRS: tl.constexpr = False, QUANT_NVFP4: tl.constexpr = False,
+    ROW_PAIRS: tl.constexpr = False, QUANT_NVFP4: tl.constexpr = False, NV_NORMAL: tl.constexpr = False,
 ):
     """out[pair, n] for BLOCK_M pairs of one expert (rows of a: pair // a_row_div) x BLOCK_N outputs.
 
@@ -727,11 +737,11 @@ def moe_gemm_kernel(
                 if INTERPRET_DOT:
                     a = bf16_to_f32(a)
                 wg = _fp4_bitplace_tile(w_ptr, ws_ptr, expert, n0, G_MUL, g_add, N_OUT, ci, N_ROWS, K, W_KIND, REPS,
-                                        INTERPRET_DOT, QW, qh, ROW_PAIRS)
+                                        INTERPRET_DOT, QW, qh, ROW_PAIRS, NV_NORMAL)
                 acc_gt += _dot_weights_first(wg, a, INTERPRET_DOT)
                 if GATED:
                     wu = _fp4_bitplace_tile(w_ptr, ws_ptr, expert, n0, G_MUL, u_add, N_OUT, ci, N_ROWS, K, W_KIND,
-                                            REPS, INTERPRET_DOT, QW, qh, ROW_PAIRS)
+                                            REPS, INTERPRET_DOT, QW, qh, ROW_PAIRS, NV_NORMAL)
                     acc_ut += _dot_weights_first(wu, a, INTERPRET_DOT)
         acc_g = tl.trans(acc_gt)
         acc_u = tl.trans(acc_ut) if GATED else acc_g
