@@ -666,7 +666,7 @@ def test_the_gluon_gemm_takes_exactly_the_launches_its_contract_covers(monkeypat
     from harness.backends import gluon_kernels
 
     seen = []
-    monkeypatch.setattr(gluon_kernels, "launch_bitplace_partials", lambda *args: seen.append(args[-6:]))
+    monkeypatch.setattr(gluon_kernels, "launch_bitplace_partials", lambda *args: seen.append(args[-7:-1]))
     for pdl in (0, 1, 2):  # pdl 1: GEMM1 waits at entry (mode 1), GEMM2 prefetches first (mode 2); pdl 2: both 1
         tiles = dict(decode, num_stages=3, mma_overlap=1, w2_mma_overlap=2, w2_block_n=128, pdl=pdl)
         for which in ("w13", "w2"):
@@ -675,6 +675,14 @@ def test_the_gluon_gemm_takes_exactly_the_launches_its_contract_covers(monkeypat
     assert seen == [(3, GLUON_MAXNREG, 1, 1, 0, 0), (3, GLUON_MAXNREG, 2, 2, 0, 0),
                     (3, GLUON_MAXNREG, 1, 1, 0, 1), (3, GLUON_MAXNREG, 2, 2, 0, 2),
                     (3, GLUON_MAXNREG, 1, 1, 0, 1), (3, GLUON_MAXNREG, 2, 2, 0, 1)], seen
+    # a persistent grid: the programs that fit at once (80 registers: 3 a multiprocessor at 64 rows, 2 at 128; the
+    # 3-slot rings fit 5 or more), 132 multiprocessors where no GPU answers; schedule 0 only (GEMM1's here)
+    monkeypatch.setattr(gluon_kernels, "launch_bitplace_partials", lambda *args: seen.append(args[-7:]))
+    tiles = dict(decode, num_stages=3, mma_overlap=0, w2_mma_overlap=1, w2_block_n=128, persistent=1)
+    for which in ("w13", "w2"):
+        run = gluon._partials_kernel(prep, which, 0, tiles, None, 128, 256, 256)
+        run(torch.zeros(2, 256, dtype=torch.bfloat16), None, None, None, 2, 1, 128, 256, 256, which == "w13", 1)
+    assert seen[-2:] == [(3, GLUON_MAXNREG, 0, 1, 0, 0, 3 * 132), (3, GLUON_MAXNREG, 1, 2, 0, 0, 0)], seen[-2:]
     # NVFP4 W4A16 (8 scale bytes a row and chunk, read as 256-byte box rows; MOE_CONFORMANCE_GLUON_NVFP4=0 turns
     # it off): N_ROWS and N_OUT multiples of 32
 
@@ -689,10 +697,10 @@ def test_the_gluon_gemm_takes_exactly_the_launches_its_contract_covers(monkeypat
     assert gluon._partials_kernel(nv_prep, "w13", 0, decode, None, 112, 224, 256) is None  # 112 rows: 3.5 x 32
     gluon._partials_kernel(nv_prep, "w2", 0, decode, None, 256, 256, 128)(
         torch.zeros(2, 128, dtype=torch.bfloat16), None, None, None, 2, 1, 256, 256, 128, False, 1)
-    assert seen[-1][-2] == 2, seen  # W_NV 2: every scale normal, the factors by an exponent add
+    assert seen[-1][-3] == 2, seen  # W_NV 2: every scale normal, the factors by an exponent add
     import dataclasses
 
     nv_low = dataclasses.replace(nv, w2=dataclasses.replace(nv.w2, scale=nv.w2.scale.clone().fill_(0x05)))
     gluon._partials_kernel(gluon.prepare(nv_low), "w2", 0, decode, None, 256, 256, 128)(
         torch.zeros(2, 128, dtype=torch.bfloat16), None, None, None, 2, 1, 256, 256, 128, False, 1)
-    assert seen[-1][-2] == 1, seen  # a subnormal scale: the multiplies
+    assert seen[-1][-3] == 1, seen  # a subnormal scale: the multiplies

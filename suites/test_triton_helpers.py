@@ -152,17 +152,18 @@ def test_the_kernels_a_forward_launches_compile_for_sm90_without_a_gpu():
     # loop is compiled, not folded), with one and two consumer warpgroups a program, its layout conversions to the
     # wgmma operand asserted trivial by the compiler; pdl 1: the chain as programmatic dependents, each dependent's
     # PTX checked against triton_kernels.PDL_ORDER (compile_check.dependent_launch_violations); pdl 2 the same chain
-    # with GEMM2 waiting at entry (no L2 prefetch); NVFP4 at 128 rows with the factors by an exponent add (NV_NORMAL)
-    for overlap, block_n, case, pdl in ((0, 64, "w_mxfp4/SWIGLUOAI", 0), (1, 64, "w_mxfp4/SWIGLUOAI", 0),
-                                        (2, 64, "w_mxfp4/SWIGLUOAI", 0), (0, 128, "w_mxfp4/SWIGLUOAI", 0),
-                                        (2, 128, "w_mxfp4/SWIGLUOAI", 0), (0, 64, "w_nvfp4/SILU", 0),
-                                        (1, 128, "w_nvfp4/SILU", 0), (0, 64, "w_mxfp4/SWIGLUOAI", 1),
-                                        (1, 128, "w_nvfp4/SILU", 2), (0, 64, "w_nvfp4_a_nvfp4/SWIGLUOAI", 1)):
+    # with GEMM2 waiting at entry (no L2 prefetch); NVFP4 at 128 rows with the factors by an exponent add (NV_NORMAL);
+    # persistent grids (one ring a program across its work items) with one and two warpgroups, with and without pdl
+    for overlap, block_n, case, pdl, persistent in (
+            (0, 64, "w_mxfp4/SWIGLUOAI", 0, 0), (1, 64, "w_mxfp4/SWIGLUOAI", 0, 0), (2, 64, "w_mxfp4/SWIGLUOAI", 0, 0),
+            (0, 128, "w_mxfp4/SWIGLUOAI", 0, 1), (2, 128, "w_mxfp4/SWIGLUOAI", 0, 0), (0, 64, "w_nvfp4/SILU", 0, 0),
+            (1, 128, "w_nvfp4/SILU", 0, 0), (0, 64, "w_mxfp4/SWIGLUOAI", 1, 0), (1, 128, "w_nvfp4/SILU", 2, 0),
+            (0, 64, "w_nvfp4_a_nvfp4/SWIGLUOAI", 1, 1)):
         gluon = subprocess.run([sys.executable, "-m", "harness.backends.compile_check", "--tokens", "1", "--case",
                                 f"triton_bitplace/{case}", "--skip", "moe_align_kernel", "--configure",
                                 f"mma_overlap={overlap}", "--configure", f"block_n={block_n}", "--configure",
                                 "block_m=16", "--configure", "num_warps=4", "--configure", f"pdl={pdl}",
-                                "--intermediate", "384"],
+                                "--configure", f"persistent={persistent}", "--intermediate", "384"],
                                capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[1],
                                env=dict(os.environ, TRITON_INTERPRET="0", MOE_CONFORMANCE_BITPLACE_GLUON="1",
                                         MOE_CONFORMANCE_GLUON_NVFP4="1", MOE_CONFORMANCE_GLUON_QUANTIZED_ACT="1",

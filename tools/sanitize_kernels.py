@@ -97,7 +97,14 @@ def main() -> int:
                                  (_bitplace(gluon=True), "w_nvfp4_a_nvfp4", "SWIGLUOAI"),
                                  (_bitplace(gluon=True).configure(block_m=16, block_n=64, block_k=128, num_warps=4,
                                                                   num_stages=3, split_k=3, pdl=1), "w_mxfp4_a_mxfp4",
-                                  "SILU")):
+                                  "SILU"),
+                                 # persistent grids (one ring a program across its work items), a 2-slot ring so
+                                 # that items wrap it: one warpgroup split 3 ways as dependents, two warpgroups
+                                 (_bitplace(gluon=True).configure(block_m=16, block_n=64, block_k=128, num_warps=4,
+                                                                  num_stages=2, split_k=3, pdl=2, persistent=1),
+                                  "w_nvfp4", "SWIGLUOAI"),
+                                 (_bitplace(gluon=True).configure(block_m=16, block_n=128, block_k=128, num_warps=4,
+                                                                  num_stages=3, persistent=1), "w_mxfp4", "SILU")):
         ckpt = make_checkpoint(scheme, act, tail.num_experts, tail.hidden_size, tail.intermediate_size, seed=1,
                                with_bias=act == "SWIGLUOAI")
         x, w, ids = case_inputs(tail, 1)

@@ -198,15 +198,18 @@ def _prefetch_program_weights(codes_ptr, scales_ptr, code_row, scale_row, g_col,
 @gluon.jit
 def _producer(codes_desc, scales_desc, a_ptr, sorted_rows_ptr, n_pairs, a_row_div, K, N_OUT, code_s, scale_s, x_s,
               ready, empty, pid_m, code_row, scale_row, g_col0, c_lo, c_hi, N_ROWS, GATED: gl.constexpr,
-              W_NV: gl.constexpr, STAGES: gl.constexpr, TILES: gl.constexpr, BM: gl.constexpr, XL: gl.constexpr):
+              W_NV: gl.constexpr, STAGES: gl.constexpr, TILES: gl.constexpr, BM: gl.constexpr, XL: gl.constexpr,
+              it0=0):
+    """One work item's K steps into the ring, its first at ring position it0 (slot it0 % STAGES; a persistent
+    program's items follow one another on one ring)."""
     pair = gl.load(sorted_rows_ptr + pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, XL)))
     cols = gl.arange(0, 128, layout=gl.SliceLayout(0, XL))
     x_ptrs = a_ptr + (pair // a_row_div).to(gl.int64)[:, None] * K + cols[None, :]
     row_ok = (pair < n_pairs)[:, None]  # padding rows of the block: zeros (their outputs are not stored)
     NB: gl.constexpr = 2 if GATED else 1
     for i in range(c_hi - c_lo):
-        s = i % STAGES
-        mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)  # the first pass finds every slot free
+        s = (it0 + i) % STAGES
+        mbarrier.wait(empty.index(s), (((it0 + i) // STAGES) & 1) ^ 1)  # the first pass finds every slot free
         c = c_lo + i
         # each of the warp's 32 threads arrives once its own cp.async rows have landed (.noinc: the barrier was
         # initialised for these 32 arrivals plus expect's one; the incrementing form raises the pending count
@@ -231,8 +234,9 @@ def _producer(codes_desc, scales_desc, a_ptr, sorted_rows_ptr, n_pairs, a_row_di
 def _consumer(code_s, scale_s, x_s, ready, empty, c_lo, c_hi, out_ptr, sorted_rows_ptr, n_pairs, N_OUT, pid_m, pid_s,
               g_col, TILE: gl.constexpr, TILES: gl.constexpr, GATED: gl.constexpr, W_NV: gl.constexpr,
               STAGES: gl.constexpr, BM: gl.constexpr, ACC_L: gl.constexpr, DOT: gl.constexpr, PAIRS: gl.constexpr,
-              ROWS3: gl.constexpr, SVIEW: gl.constexpr, OVERLAP: gl.constexpr):
-    """One warpgroup's 64-row tile TILE of the program's TILES (its slots of the ring, its partial sums).
+              ROWS3: gl.constexpr, SVIEW: gl.constexpr, OVERLAP: gl.constexpr, it0=0):
+    """One warpgroup's 64-row tile TILE of the program's TILES (its slots of the ring, its partial sums), the work
+    item's first K step at ring position it0 (schedule 0 only: 1 and 2 start at 0, never persistent).
     OVERLAP 0: the up tile's decode overlaps the gate tile's MMA, each step waits for its MMAs; 1: two tiles
     decoded before their MMAs (two independent instruction chains for the scheduler; ungated, one tile a step, the
     tiles of two steps), each step waits; 2: as 1 gated, and a step's MMAs run on during the next step's decode
@@ -269,8 +273,8 @@ def _consumer(code_s, scale_s, x_s, ready, empty, c_lo, c_hi, out_ptr, sorted_ro
             acc_g, w0 = warpgroup_mma_wait(0, deps=[acc_g, w0])
             mbarrier.arrive(empty.index(s))
     for i in range(0 if PAIRED else n_steps):
-        s = i % STAGES
-        mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+        s = (it0 + i) % STAGES
+        mbarrier.wait(ready.index(s), ((it0 + i) // STAGES) & 1)
         slot = (s * TILES + TILE) * NB
         wg = _decode_slot(code_s.index(slot), scale_s.index(slot), W_NV, PAIRS, SL, SVIEW, DOT, ROWS3)
         xt = x_s.index(s).permute((1, 0))
@@ -315,73 +319,158 @@ def _consumer(code_s, scale_s, x_s, ready, empty, c_lo, c_hi, out_ptr, sorted_ro
 
 
 @gluon.jit
+def _ring(codes_desc, scales_desc, GATED: gl.constexpr, W_NV: gl.constexpr, STAGES: gl.constexpr, TILES: gl.constexpr,
+          BM: gl.constexpr, XS: gl.constexpr):
+    """The STAGES-deep ring in shared memory (each slot: every tile's codes and scale box, the block's activation
+    rows) and its ready / empty mbarriers, initialised."""
+    NB: gl.constexpr = 2 if GATED else 1
+    code_s = gl.allocate_shared_memory(gl.int32, [STAGES * TILES * NB, 32, 32], codes_desc.layout)
+    SB: gl.constexpr = 2 if W_NV else 1  # rows of 256 scale bytes a tile: 4 (MX) or 8 (NVFP4) bytes a row
+    scale_s = gl.allocate_shared_memory(gl.uint8, [STAGES * TILES * NB, SB, 256], scales_desc.layout)
+    x_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, 128], XS)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=32 * PRODUCER_WARPS + 1)  # a cp.async arrive a thread, expect's
+        mbarrier.init(empty.index(s), count=TILES)  # each consumer warpgroup releases the slot
+    return code_s, scale_s, x_s, ready, empty
+
+
+@gluon.jit
+def _item(w, n_blocks, n_tiles, chunks, SPLIT_K: gl.constexpr, TILES: gl.constexpr):
+    """Work item w of a persistent launch as the program ids of the plain grid (expert block fastest, as that
+    grid runs) and its K chunks: (pid_m, first row of the program's first tile, pid_s, c_lo, c_hi)."""
+    pid_m = w % n_blocks
+    pid_n = (w // n_blocks) % n_tiles
+    pid_s = w // (n_blocks * n_tiles)
+    per = gl.cdiv(chunks, SPLIT_K)
+    c_lo = pid_s * per
+    return pid_m, pid_n * (64 * TILES), pid_s, c_lo, gl.minimum(c_lo + per, chunks)
+
+
+@gluon.jit
+def _consumer_items(code_s, scale_s, x_s, ready, empty, block_expert_ptr, n_blocks, n_tiles, chunks, out_ptr,
+                    sorted_rows_ptr, n_pairs, N_OUT, TILE: gl.constexpr, TILES: gl.constexpr, GATED: gl.constexpr,
+                    W_NV: gl.constexpr, STAGES: gl.constexpr, BM: gl.constexpr, ACC_L: gl.constexpr,
+                    DOT: gl.constexpr, PAIRS: gl.constexpr, ROWS3: gl.constexpr, SVIEW: gl.constexpr,
+                    SPLIT_K: gl.constexpr):
+    """A persistent program's consumer warpgroup: work items program_id, + num_programs, ... (_item), each as the
+    plain launch's program (schedule 0), on one ring whose position runs on from item to item."""
+    it = 0
+    for w in range(gl.program_id(0), n_blocks * n_tiles * SPLIT_K, gl.num_programs(0)):
+        pid_m, g_col, pid_s, c_lo, c_hi = _item(w, n_blocks, n_tiles, chunks, SPLIT_K, TILES)
+        if gl.load(block_expert_ptr + pid_m) >= 0:
+            _consumer(code_s, scale_s, x_s, ready, empty, c_lo, c_hi, out_ptr, sorted_rows_ptr, n_pairs, N_OUT, pid_m,
+                      pid_s, g_col + 64 * TILE, TILE, TILES, GATED, W_NV, STAGES, BM, ACC_L, DOT, PAIRS, ROWS3, SVIEW,
+                      0, it)
+            it += gl.maximum(c_hi - c_lo, 0)
+
+
+@gluon.jit
+def _producer_items(codes_desc, scales_desc, a_ptr, sorted_rows_ptr, block_expert_ptr, n_blocks, n_tiles, chunks,
+                    n_pairs, a_row_div, K, N_OUT, code_s, scale_s, x_s, ready, empty, N_ROWS, GATED: gl.constexpr,
+                    W_NV: gl.constexpr, STAGES: gl.constexpr, TILES: gl.constexpr, BM: gl.constexpr,
+                    XL: gl.constexpr, SPLIT_K: gl.constexpr):
+    """A persistent program's producer: the same items in the same order as _consumer_items, the next item's
+    first K steps loaded while the consumers still finish the one before (no ring fill between items)."""
+    it = 0
+    for w in range(gl.program_id(0), n_blocks * n_tiles * SPLIT_K, gl.num_programs(0)):
+        pid_m, g_col, pid_s, c_lo, c_hi = _item(w, n_blocks, n_tiles, chunks, SPLIT_K, TILES)
+        expert = gl.load(block_expert_ptr + pid_m)
+        if expert >= 0:
+            _producer(codes_desc, scales_desc, a_ptr, sorted_rows_ptr, n_pairs, a_row_div, K, N_OUT, code_s,
+                      scale_s, x_s, ready, empty, pid_m, expert * (N_ROWS // 2), expert * chunks, g_col, c_lo, c_hi,
+                      N_ROWS, GATED, W_NV, STAGES, TILES, BM, XL, it)
+            it += gl.maximum(c_hi - c_lo, 0)
+
+
+@gluon.jit
 def bitplace_partials_kernel(codes_desc, scales_desc, a_ptr, out_ptr, sorted_rows_ptr, block_expert_ptr, n_pairs,
                              a_row_div, N_OUT, N_ROWS, K, chunks, GATED: gl.constexpr, W_NV: gl.constexpr,
                              STAGES: gl.constexpr,
                              SPLIT_K: gl.constexpr, OVERLAP: gl.constexpr, TILES: gl.constexpr, ACC_L: gl.constexpr,
                              DOT: gl.constexpr, PAIRS: gl.constexpr, ROWS3: gl.constexpr, SVIEW: gl.constexpr,
                              XS: gl.constexpr, XL: gl.constexpr, codes_ptr=None, scales_ptr=None,
-                             PDL: gl.constexpr = 0):
+                             PDL: gl.constexpr = 0, PERSIST: gl.constexpr = 0, n_blocks=0):
     """fp32 partial sums [SPLIT_K, pairs, 2, N_OUT] of expert block program_id(0) (16 pairs), output rows
     64 TILES program_id(1) .. + 64 TILES - 1 (gate; up N_OUT rows on when GATED), K chunks of share program_id(2).
     TILES 2: two consumer warpgroups, a 64-row tile each, on one ring (the activation rows loaded once).
     PDL (a programmatic dependent, triton_kernels.PDL_ORDER): 1 waits at entry (GEMM1: its block's expert comes from
     the kernel before); 2 (ungated: GEMM2) prefetches its weights into L2 from codes_ptr / scales_ptr (the bytes
-    behind the descriptors) first, then waits; both then let the next kernel launch."""
-    pid_m = gl.program_id(0)
-    pid_n = gl.program_id(1)
-    pid_s = gl.program_id(2)
+    behind the descriptors) first, then waits; both then let the next kernel launch.
+    PERSIST 1: a persistent grid (one dimension, at most the programs that fit at once): each program runs the work
+    items program_id(0), + num_programs(0), ... of the plain grid's n_blocks x N tiles x SPLIT_K (_item) on one ring,
+    the next item's loads under the last one's MMAs and stores (schedule 0; PDL 1 or none)."""
     BM: gl.constexpr = 16
     if PDL == 1:
         gdc_wait()
         gdc_launch_dependents()
-    expert = gl.load(block_expert_ptr + pid_m)
-    if expert >= 0:
-        per = gl.cdiv(chunks, SPLIT_K)
-        c_lo = pid_s * per
-        c_hi = gl.minimum(c_lo + per, chunks)
-        g_col = pid_n * (64 * TILES)  # the first tile's first gate row (row pairs: the gate rows, then the up rows)
-        NB: gl.constexpr = 2 if GATED else 1
-        if PDL == 2:
-            _prefetch_program_weights(codes_ptr, scales_ptr, expert * (N_ROWS // 2), expert * chunks, g_col, c_lo,
-                                      c_hi, chunks, N_ROWS, TILES, 8 if W_NV else 4)
-            gdc_wait()  # the activation rows (the epilogue kernel's) and every write come after
-            gdc_launch_dependents()
-        code_s = gl.allocate_shared_memory(gl.int32, [STAGES * TILES * NB, 32, 32], codes_desc.layout)
-        SB: gl.constexpr = 2 if W_NV else 1  # rows of 256 scale bytes a tile: 4 (MX) or 8 (NVFP4) bytes a row
-        scale_s = gl.allocate_shared_memory(gl.uint8, [STAGES * TILES * NB, SB, 256], scales_desc.layout)
-        x_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, 128], XS)
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for s in gl.static_range(STAGES):
-            mbarrier.init(ready.index(s), count=32 * PRODUCER_WARPS + 1)  # a cp.async arrive a thread, expect's
-            mbarrier.init(empty.index(s), count=TILES)  # each consumer warpgroup releases the slot
-        code_row = expert * (N_ROWS // 2)
-        scale_row = expert * chunks
+    if PERSIST:
+        code_s, scale_s, x_s, ready, empty = _ring(codes_desc, scales_desc, GATED, W_NV, STAGES, TILES, BM, XS)
+        n_tiles = gl.cdiv(N_OUT, 64 * TILES)
         if TILES == 1:
             gl.warp_specialize(
-                [(_consumer, (code_s, scale_s, x_s, ready, empty, c_lo, c_hi, out_ptr, sorted_rows_ptr, n_pairs,
-                              N_OUT, pid_m, pid_s, g_col, 0, TILES, GATED, W_NV, STAGES, BM, ACC_L, DOT, PAIRS,
-                              ROWS3,
-                              SVIEW, OVERLAP)),
-                 (_producer, (codes_desc, scales_desc, a_ptr, sorted_rows_ptr, n_pairs, a_row_div, K, N_OUT, code_s,
-                              scale_s, x_s, ready, empty, pid_m, code_row, scale_row, g_col, c_lo, c_hi, N_ROWS,
-                              GATED, W_NV, STAGES, TILES, BM, XL))],
+                [(_consumer_items, (code_s, scale_s, x_s, ready, empty, block_expert_ptr, n_blocks, n_tiles, chunks,
+                                    out_ptr, sorted_rows_ptr, n_pairs, N_OUT, 0, TILES, GATED, W_NV, STAGES, BM, ACC_L,
+                                    DOT, PAIRS, ROWS3, SVIEW, SPLIT_K)),
+                 (_producer_items, (codes_desc, scales_desc, a_ptr, sorted_rows_ptr, block_expert_ptr, n_blocks,
+                                    n_tiles, chunks, n_pairs, a_row_div, K, N_OUT, code_s, scale_s, x_s, ready, empty,
+                                    N_ROWS, GATED, W_NV, STAGES, TILES, BM, XL, SPLIT_K))],
                 [PRODUCER_WARPS], [40])
         else:
             gl.warp_specialize(
-                [(_consumer, (code_s, scale_s, x_s, ready, empty, c_lo, c_hi, out_ptr, sorted_rows_ptr, n_pairs,
-                              N_OUT, pid_m, pid_s, g_col, 0, TILES, GATED, W_NV, STAGES, BM, ACC_L, DOT, PAIRS,
-                              ROWS3,
-                              SVIEW, OVERLAP)),
-                 (_consumer, (code_s, scale_s, x_s, ready, empty, c_lo, c_hi, out_ptr, sorted_rows_ptr, n_pairs,
-                              N_OUT, pid_m, pid_s, g_col + 64, 1, TILES, GATED, W_NV, STAGES, BM, ACC_L, DOT, PAIRS,
-                              ROWS3,
-                              SVIEW, OVERLAP)),
-                 (_producer, (codes_desc, scales_desc, a_ptr, sorted_rows_ptr, n_pairs, a_row_div, K, N_OUT, code_s,
-                              scale_s, x_s, ready, empty, pid_m, code_row, scale_row, g_col, c_lo, c_hi, N_ROWS,
-                              GATED, W_NV, STAGES, TILES, BM, XL))],
+                [(_consumer_items, (code_s, scale_s, x_s, ready, empty, block_expert_ptr, n_blocks, n_tiles, chunks,
+                                    out_ptr, sorted_rows_ptr, n_pairs, N_OUT, 0, TILES, GATED, W_NV, STAGES, BM, ACC_L,
+                                    DOT, PAIRS, ROWS3, SVIEW, SPLIT_K)),
+                 (_consumer_items, (code_s, scale_s, x_s, ready, empty, block_expert_ptr, n_blocks, n_tiles, chunks,
+                                    out_ptr, sorted_rows_ptr, n_pairs, N_OUT, 1, TILES, GATED, W_NV, STAGES, BM, ACC_L,
+                                    DOT, PAIRS, ROWS3, SVIEW, SPLIT_K)),
+                 (_producer_items, (codes_desc, scales_desc, a_ptr, sorted_rows_ptr, block_expert_ptr, n_blocks,
+                                    n_tiles, chunks, n_pairs, a_row_div, K, N_OUT, code_s, scale_s, x_s, ready, empty,
+                                    N_ROWS, GATED, W_NV, STAGES, TILES, BM, XL, SPLIT_K))],
                 [4, PRODUCER_WARPS], [SECOND_CONSUMER_REGS, 40])
+    else:
+        pid_m = gl.program_id(0)
+        pid_n = gl.program_id(1)
+        pid_s = gl.program_id(2)
+        expert = gl.load(block_expert_ptr + pid_m)
+        if expert >= 0:
+            per = gl.cdiv(chunks, SPLIT_K)
+            c_lo = pid_s * per
+            c_hi = gl.minimum(c_lo + per, chunks)
+            g_col = pid_n * (64 * TILES)  # the first tile's first gate row (row pairs: the gate rows, then the up rows)
+            if PDL == 2:
+                _prefetch_program_weights(codes_ptr, scales_ptr, expert * (N_ROWS // 2), expert * chunks, g_col, c_lo,
+                                          c_hi, chunks, N_ROWS, TILES, 8 if W_NV else 4)
+                gdc_wait()  # the activation rows (the epilogue kernel's) and every write come after
+                gdc_launch_dependents()
+            code_s, scale_s, x_s, ready, empty = _ring(codes_desc, scales_desc, GATED, W_NV, STAGES, TILES, BM, XS)
+            code_row = expert * (N_ROWS // 2)
+            scale_row = expert * chunks
+            if TILES == 1:
+                gl.warp_specialize(
+                    [(_consumer, (code_s, scale_s, x_s, ready, empty, c_lo, c_hi, out_ptr, sorted_rows_ptr, n_pairs,
+                                  N_OUT, pid_m, pid_s, g_col, 0, TILES, GATED, W_NV, STAGES, BM, ACC_L, DOT, PAIRS,
+                                  ROWS3,
+                                  SVIEW, OVERLAP)),
+                     (_producer, (codes_desc, scales_desc, a_ptr, sorted_rows_ptr, n_pairs, a_row_div, K, N_OUT, code_s,
+                                  scale_s, x_s, ready, empty, pid_m, code_row, scale_row, g_col, c_lo, c_hi, N_ROWS,
+                                  GATED, W_NV, STAGES, TILES, BM, XL))],
+                    [PRODUCER_WARPS], [40])
+            else:
+                gl.warp_specialize(
+                    [(_consumer, (code_s, scale_s, x_s, ready, empty, c_lo, c_hi, out_ptr, sorted_rows_ptr, n_pairs,
+                                  N_OUT, pid_m, pid_s, g_col, 0, TILES, GATED, W_NV, STAGES, BM, ACC_L, DOT, PAIRS,
+                                  ROWS3,
+                                  SVIEW, OVERLAP)),
+                     (_consumer, (code_s, scale_s, x_s, ready, empty, c_lo, c_hi, out_ptr, sorted_rows_ptr, n_pairs,
+                                  N_OUT, pid_m, pid_s, g_col + 64, 1, TILES, GATED, W_NV, STAGES, BM, ACC_L, DOT, PAIRS,
+                                  ROWS3,
+                                  SVIEW, OVERLAP)),
+                     (_producer, (codes_desc, scales_desc, a_ptr, sorted_rows_ptr, n_pairs, a_row_div, K, N_OUT, code_s,
+                                  scale_s, x_s, ready, empty, pid_m, code_row, scale_row, g_col, c_lo, c_hi, N_ROWS,
+                                  GATED, W_NV, STAGES, TILES, BM, XL))],
+                    [4, PRODUCER_WARPS], [SECOND_CONSUMER_REGS, 40])
 
 
 def scales_by_chunk(scales, n_rows: int, chunks: int, per_chunk: int = 4):
@@ -397,16 +486,20 @@ def scales_by_chunk(scales, n_rows: int, chunks: int, per_chunk: int = 4):
 def launch_bitplace_partials(launcher, codes, scales_t, a, partials, sorted_rows, block_expert, n_pairs: int,
                              a_row_div: int, n_out: int, n_rows: int, k_dim: int, gated: bool, split_k: int,
                              stages: int, maxnreg: int, overlap: int = 0, tiles: int = 1, nvfp4: int = 0,
-                             pdl: int = 0):
+                             pdl: int = 0, persistent: int = 0):
     """One launch of bitplace_partials_kernel through `launcher` (triton_kernels' attribute, so that
     compile_check can record it): codes [E, N_ROWS, chunks * 64] bytes (rows in pairs), scales_t from
     scales_by_chunk, partials fp32 [split_k, n_pairs, 2, n_out]; overlap: the consumer's schedule (_consumer);
     tiles: 64-row tiles (consumer warpgroups) a program, 1 or 2; nvfp4: NVFP4 weights (scales_t of 8 bytes a row
     and chunk, read as rows of 256 bytes: n_rows and n_out multiples of 32), 2 where every scale is a normal E4M3
     number (triton_kernels._nvfp4_factor_words' NORMAL); pdl: 0, or the kernel's PDL mode as a
-    programmatic dependent (1 GEMM1, 2 GEMM2: ungated only; triton_kernels.PDL_ORDER)."""
+    programmatic dependent (1 GEMM1, 2 GEMM2: ungated only; triton_kernels.PDL_ORDER); persistent: 0, or that many
+    programs, each running the plain grid's programs program_id, + persistent, ... on one ring (PERSIST; schedule 0,
+    GEMM2's prefetch mode 2 as mode 1: the items' weights are not one program's)."""
     if pdl == 2 and gated:
         raise ValueError("pdl 2 (weights prefetched before the wait) is GEMM2's mode: ungated tiles only")
+    if persistent and overlap != 0:
+        raise ValueError(f"a persistent launch runs the consumer's schedule 0 only, not {overlap}")
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     e = codes.shape[0]
@@ -418,8 +511,11 @@ def launch_bitplace_partials(launcher, codes, scales_t, a, partials, sorted_rows
     else:
         scales_desc = TensorDescriptor.from_tensor(scales_t, SCALE_BOX, SCALE_SMEM)
     grid = (block_expert.numel(), -(-n_out // (64 * tiles)), split_k)
+    extra = dict(codes_ptr=codes, scales_ptr=scales_t, PDL=pdl, launch_pdl=True) if pdl else {}
+    if persistent:
+        grid = (min(persistent, grid[0] * grid[1] * grid[2]),)
+        extra.update(PERSIST=1, n_blocks=block_expert.numel(), **(dict(PDL=1) if pdl else {}))
     return launcher[grid](codes_desc, scales_desc, a, partials, sorted_rows, block_expert, n_pairs, a_row_div, n_out,
                           n_rows, k_dim, chunks, GATED=gated, W_NV=nvfp4, STAGES=stages, SPLIT_K=split_k, OVERLAP=overlap,
                           TILES=tiles, ACC_L=ACC, DOT=DOT_A, PAIRS=CODE_PAIRS, ROWS3=CODE_ROWS, SVIEW=SCALE_ROWS,
-                          XS=X_SMEM, XL=X_LOAD, num_warps=4, maxnreg=maxnreg,
-                          **(dict(codes_ptr=codes, scales_ptr=scales_t, PDL=pdl, launch_pdl=True) if pdl else {}))
+                          XS=X_SMEM, XL=X_LOAD, num_warps=4, maxnreg=maxnreg, **extra)

@@ -162,6 +162,8 @@ class TritonBitplaceBackend(TritonEmulationBackend):
         # programmatic dependent launch (triton_kernels.PDL_ORDER): GEMM1 waits at entry; GEMM2 prefetches its
         # weights into L2 first (the tiles' pdl 1) or waits at entry too (pdl 2: the launches overlap, no prefetch)
         pdl = (1 if which == "w13" or tiles["pdl"] == 2 else 2) if tiles.get("pdl") else 0
+        # a persistent grid (the tiles' persistent 1, schedule 0): as many programs as fit on the GPU at once
+        persistent = tiles.get("persistent") and overlap == 0
 
         def run(a, partials, sorted_rows, block_expert, n_pairs, a_row_div, n_out, n_rows, k_dim, gated, split_k):
             if a.data_ptr() % 16 or a.stride() != (k_dim, 1):  # cp.async moves 16-byte runs of whole rows: a view
@@ -169,7 +171,9 @@ class TritonBitplaceBackend(TritonEmulationBackend):
             return launch_bitplace_partials(triton_kernels.bitplace_partials_kernel, codes, scales, a, partials,
                                             sorted_rows, block_expert, n_pairs, a_row_div, n_out, n_rows, k_dim,
                                             gated, split_k, stages, maxnreg, overlap, per_program,
-                                            2 if nvfp4 and prep.constexprs.get("NV_NORMAL") else int(nvfp4), pdl)
+                                            2 if nvfp4 and prep.constexprs.get("NV_NORMAL") else int(nvfp4), pdl,
+                                            gluon_programs_at_once(block_n, maxnreg, stages, gated, nvfp4,
+                                                                   multiprocessors(a.device)) if persistent else 0)
         return run
 
 
@@ -351,14 +355,29 @@ def gluon_programs_per_sm(block_n: int, maxnreg: int = GLUON_MAXNREG) -> int:
     return 65536 // (maxnreg * 128 * (1 + block_n // 64))
 
 
-def one_wave_block_n(experts: int, n_out: int, multiprocessors: int, split_of) -> int | None:
+def multiprocessors(dev) -> int:
+    """The GPU's multiprocessors, or the H200's where the launch is not on a GPU (compile_check)."""
+    dev = torch.device(dev)
+    return torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else H200_MULTIPROCESSORS
+
+
+def gluon_programs_at_once(block_n: int, maxnreg: int, stages: int, gated: bool, nvfp4: bool, sms: int) -> int:
+    """Programs of the Gluon kernel resident at once (a persistent grid's size): by registers
+    (gluon_programs_per_sm) and by the ring's shared memory (each slot: every 64-row tile's codes, 4 KB, and scale
+    box, 256 or 512 bytes, gate and up when gated, and the block's activation rows, 4 KB; 227 KB a multiprocessor)."""
+    tiles = block_n // 64 * (2 if gated else 1)
+    ring = stages * (tiles * (4096 + (512 if nvfp4 else 256)) + 16 * 128 * 2)
+    return sms * max(1, min(gluon_programs_per_sm(block_n, maxnreg), (227 << 10) // ring))
+
+
+def one_wave_block_n(experts: int, n_out: int, sms: int, split_of) -> int | None:
     """GEMM's rows a program by the one-wave rule (GLUON_WIDE_GAIN) for `experts` expert blocks of n_out rows,
     split_of(programs unsplit) its K splits; None where the 64-row grid is more than one wave."""
     warpgroups = {}
     for rows in (64, 128):
         tiles = experts * -(-n_out // rows)
         programs = tiles * split_of(tiles)
-        fits = programs <= gluon_programs_per_sm(rows) * multiprocessors
+        fits = programs <= gluon_programs_per_sm(rows) * sms
         warpgroups[rows] = programs * rows // 64 if fits else None
     if warpgroups[64] is None:
         return None
@@ -394,8 +413,7 @@ class TritonBitplaceGluonBackend(TritonBitplaceBackend):
             tiles = {k: v for k, v in tiles.items() if k != "one_wave_rows"}
             ckpt = prepared.ckpt
             experts = min(ckpt.num_experts, p)
-            sms = (torch.cuda.get_device_properties(dev).multi_processor_count
-                   if torch.device(dev).type == "cuda" else H200_MULTIPROCESSORS)
+            sms = multiprocessors(dev)
             if "split_k_programs" in tiles and not tiles.get("split_k"):
                 def fill(programs: int) -> int:  # the splits split_k_to_fill gives a grid of that many
                     return split_k_to_fill(dict(split_k_programs=tiles["split_k_programs"]), programs)["split_k"]

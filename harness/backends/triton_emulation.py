@@ -80,7 +80,7 @@ class Prepared:
 FUSED_ALIGN_MAX_PAIRS = 1024
 
 TILE_KEYS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "w2_block_n", "maxnreg", "mma_steps",
-             "split_k", "mma_overlap", "w2_mma_overlap", "pdl")
+             "split_k", "mma_overlap", "w2_mma_overlap", "pdl", "persistent")
 # optional keys: w2_block_n (GEMM2's N tile where it differs from GEMM1's), maxnreg (a register cap per thread, so
 # that more programs fit on a multiprocessor; 0 = the compiler's choice), mma_steps (triton_bitplace: MMA steps per
 # 128-value chunk, 1 or 2; 2 holds half the decoded tile in registers), split_k (triton_bitplace: the K chunks
@@ -88,7 +88,8 @@ TILE_KEYS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "w2_blo
 # programs when few tokens leave SMs idle), mma_overlap (triton_bitplace_gluon: the consumer's schedule, 0-2,
 # triton_bitplace.GLUON_OVERLAP; w2_mma_overlap GEMM2's, one tile a step, where it differs), pdl (triton_bitplace_gluon
 # at decode: 1 launches the chain as programmatic dependents, triton_kernels.PDL_ORDER, GEMM2 prefetching its weights
-# into L2 before its wait; 2 likewise without the prefetch). A table row may give
+# into L2 before its wait; 2 likewise without the prefetch), persistent (triton_bitplace_gluon: 1 runs each GEMM as
+# a persistent grid of the programs that fit at once, one ring a program across its work items; opt-in). A table row may give
 # split_k_programs instead: split_k then is the fewest splits that give GEMM1 that many programs (split_k_to_fill),
 # and pdl_bytes: pdl 1 where GEMM2's weights of the call (one expert a pair at most) are at most that many bytes,
 # else 2
