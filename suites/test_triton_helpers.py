@@ -226,3 +226,47 @@ def test_the_activation_quantizers_read_bf16_exactly_subnormals_included():
         for what, got, want in zip(("codes", "scales", "values"), run(x), run(x.float())):
             assert torch.equal(got.cpu(), want.cpu()), f"{name}: {what} from bf16 differ from the fp32 copy's"
         assert bool((run(x)[0].cpu()[:16] != 0).any()) or name.startswith("FP8"), f"{name}: the tiny rows all quantized to 0"
+
+
+@triton.jit
+def _grouped_order_kernel(out_ptr, GROUP_M: tl.constexpr):
+    pid_m, pid_n = K.grouped_tile_order(tl.program_id(0), tl.program_id(1), tl.num_programs(0), tl.num_programs(1),
+                                        GROUP_M)
+    slot = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
+    tl.store(out_ptr + 2 * slot, pid_m)
+    tl.store(out_ptr + 2 * slot + 1, pid_n)
+
+
+def test_the_grouped_tile_order_visits_every_tile_once_a_group_at_a_time():
+    """grouped_tile_order maps the launch slots (row blocks fastest) onto the (row block, N block) tiles one to one,
+    GROUP_M row blocks at a time and each group's N blocks in turn, the last group short where GROUP_M does not
+    divide the row blocks (7 = 3 + 3 + 1)."""
+    m_blocks, n_blocks, group = 7, 5, 3
+    out = torch.full((m_blocks * n_blocks, 2), -1, dtype=torch.int32, device=default_device())
+    _grouped_order_kernel[(m_blocks, n_blocks)](out, GROUP_M=group)
+    got = [tuple(t) for t in out.cpu().tolist()]
+    want = [(first + i, n) for first in range(0, m_blocks, group) for n in range(n_blocks)
+            for i in range(min(group, m_blocks - first))]
+    assert got == want
+    assert sorted(got) == [(m, n) for m in range(m_blocks) for n in range(n_blocks)]
+
+
+def test_the_grouped_tile_order_gives_the_same_bits():
+    """group_m only reorders which tiles run together: the dequantizing loop (bf16 and MXFP4 weights) and the
+    bit-placement loop give bit for bit the outputs of the plain order, with more row and N blocks than a group."""
+    from harness.backends import load_backend
+    from harness.core.conformance import Shape, backend_shape, case_checkpoint, case_inputs
+
+    for kernel, scheme in (("triton_emulation", "bf16"), ("triton_emulation", "w_mxfp4"),
+                           ("triton_bitplace", "w_nvfp4")):
+        outs = []
+        for group_m in (0, 3):
+            backend = load_backend(kernel).configure(block_m=16, block_n=64, block_k=128 if "bitplace" in kernel
+                                                     else 32, num_warps=4, num_stages=2, group_m=group_m)
+            shape = backend_shape(backend, Shape(num_experts=3, hidden_size=256, intermediate_size=160, tokens=20,
+                                                 top_k=2))
+            ckpt = case_checkpoint(scheme, "SWIGLUOAI", "e4m3fn", shape, seed=5, bias=True)
+            x, w, ids = case_inputs(shape, 6)
+            outs.append(backend.forward(backend.prepare(ckpt), x, w, ids))
+        assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16)), (kernel, scheme)
+        assert outs[0].abs().sum() > 0

@@ -36,19 +36,22 @@ from .triton_emulation import TritonEmulationBackend, split_k_to_fill
 # NVFP4 block factors by an exponent add where every scale of the checkpoint is a normal E4M3 number (triton_kernels.
 # _nvfp4_factor_words' NORMAL): 16 SASS fewer a K step for Triton 3.6 on sm90 (gated Gluon tiles 434 -> 418,
 # moe_gemm_kernel 531 -> 515, tools/count_loop_instructions.py at gpt-oss-120b 8 tokens); the same bits as the
-# multiplies for every normal code (suites/test_fp4_bits.py, in torch). Compiled, not yet run on a GPU: opt-in
-# (MOE_CONFORMANCE_NVFP4_EXPONENT_ADD=1) until an H200 run checks it (results/gpu-issue28/run-13)
-NVFP4_EXPONENT_ADD = os.environ.get("MOE_CONFORMANCE_NVFP4_EXPONENT_ADD", "0") == "1"
+# multiplies for every normal code (suites/test_fp4_bits.py, in torch). On the H200 (results/gpu-issue28/run-13):
+# NVFP4 conformance and special values 72 passed, bit for bit against moe_gemm_kernel at 1 / 8 / 64 tokens, memcheck
+# 0; NVFP4 decode 0-1.7% faster (Kimi-K2 8 tokens 508.0 -> 499.6 us). MOE_CONFORMANCE_NVFP4_EXPONENT_ADD=0: multiplies
+NVFP4_EXPONENT_ADD = os.environ.get("MOE_CONFORMANCE_NVFP4_EXPONENT_ADD", "1") == "1"
 
 # (max pairs, tiles), first match wins: the H200 sweep of tools/tune_moe.py (BENCHMARKS.md "Issue 28";
 # results/gpu-issue28/run-2, both code layouts, 1 / 8 / 64 tokens, gpt-oss-120b and Kimi-K2 MXFP4). Decode (up to
 # 1024 pairs): 64 rows (32 row pairs) x 16 pairs, 4 warps, 3 stages, K split until GEMM1 has 512 programs
 # (split_k_to_fill: one token splits 4 ways on gpt-oss, 2 on Kimi-K2; 8 tokens and more not at all). 128-row
 # tiles, 4 stages, 8 warps (two warpgroups on one activation tile, 128 or 256 rows), mma_steps 2 and maxnreg 96 were
-# slower or no faster at every point.
+# slower or no faster at every point. Prefill (results/gpu-issue28/run-14, 8192 tokens): the tiles in groups of 8 row
+# blocks (group_m; gpt-oss-120b 35.1 -> 42.3% of dense bf16, Kimi-K2 36.0 -> 41.4%), then 128 rows a tile (gpt-oss
+# 45.9%, Kimi-K2 40.8% against 41.4% at 64; 2 stages slower at both).
 BITPLACE_TILES = (
     (1024, dict(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=3, split_k_programs=512)),
-    (1 << 62, dict(block_m=64, block_n=64, block_k=128, num_warps=4, num_stages=3)),
+    (1 << 62, dict(block_m=128, block_n=64, block_k=128, num_warps=4, num_stages=3, group_m=8)),
 )
 
 

@@ -80,7 +80,7 @@ class Prepared:
 FUSED_ALIGN_MAX_PAIRS = 1024
 
 TILE_KEYS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "w2_block_n", "maxnreg", "mma_steps",
-             "split_k", "mma_overlap", "w2_mma_overlap", "pdl", "persistent")
+             "split_k", "mma_overlap", "w2_mma_overlap", "pdl", "persistent", "group_m")
 # optional keys: w2_block_n (GEMM2's N tile where it differs from GEMM1's), maxnreg (a register cap per thread, so
 # that more programs fit on a multiprocessor; 0 = the compiler's choice), mma_steps (triton_bitplace: MMA steps per
 # 128-value chunk, 1 or 2; 2 holds half the decoded tile in registers), split_k (triton_bitplace: the K chunks
@@ -89,17 +89,22 @@ TILE_KEYS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "w2_blo
 # triton_bitplace.GLUON_OVERLAP; w2_mma_overlap GEMM2's, one tile a step, where it differs), pdl (triton_bitplace_gluon
 # at decode: 1 launches the chain as programmatic dependents, triton_kernels.PDL_ORDER, GEMM2 prefetching its weights
 # into L2 before its wait; 2 likewise without the prefetch), persistent (triton_bitplace_gluon: 1 runs each GEMM as
-# a persistent grid of the programs that fit at once, one ring a program across its work items; opt-in). A table row may give
+# a persistent grid of the programs that fit at once, one ring a program across its work items; opt-in), group_m
+# (moe_gemm_kernel: the tiles in groups of this many row blocks, each group's N blocks in turn, so that the programs
+# resident together share activation rows and weight columns through L2; triton_kernels.grouped_tile_order; 0 = row
+# blocks fastest). A table row may give
 # split_k_programs instead: split_k then is the fewest splits that give GEMM1 that many programs (split_k_to_fill),
 # and pdl_bytes: pdl 1 where GEMM2's weights of the call (one expert a pair at most) are at most that many bytes,
 # else 2
 # (max pairs, weight kinds or None for any, tiles), first match wins. Decode rows from the H200 sweep
-# of tools/tune_moe.py --quick (results/gpu-issue8/tune.json); prefill rows from its prefill sweep.
+# of tools/tune_moe.py --quick (results/gpu-issue8/tune.json); prefill rows from its prefill sweep, the bf16 row from
+# results/gpu-issue28/run-14 (8192 tokens, group_m 8: gpt-oss-120b 41.9 -> 48.2% of dense bf16 with 4 stages, Kimi-K2
+# 36.6 -> 41.0%; 64-row and 64-column tiles slower at both).
 TILE_TABLE = (
     (1024, (None,), dict(block_m=16, block_n=32, block_k=128, num_warps=4, num_stages=4)),  # bf16 weights
     (1024, None, dict(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=3)),
-    (1 << 62, (None,), dict(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3)),
-    (1 << 62, None, dict(block_m=128, block_n=64, block_k=64, num_warps=8, num_stages=3)),
+    (1 << 62, (None,), dict(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4, group_m=8)),
+    (1 << 62, None, dict(block_m=128, block_n=64, block_k=64, num_warps=8, num_stages=3, group_m=8)),
 )
 
 
@@ -433,6 +438,8 @@ class TritonEmulationBackend:
         launch_options = dict(SEPARATE_ROUNDINGS, **({"maxnreg": tiles["maxnreg"]} if tiles.get("maxnreg") else {}))
         if tiles.get("mma_steps"):
             launch_options["MMA_STEPS"] = tiles["mma_steps"]
+        if tiles.get("group_m"):
+            launch_options["GROUP_M"] = tiles["group_m"]
         # split-K (the bit-placement loop only): fp32 partial sums of each K range, then one epilogue kernel
         split_k = tiles.get("split_k") or 1 if prep.constexprs.get("BITPLACE") else 1
         quantize = quantize_nvfp4 is not None and apply_act
