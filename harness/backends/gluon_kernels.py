@@ -28,8 +28,9 @@ into L2 before it waits, under GEMM1's last wave (gpt-oss-120b one token 39.1 ->
 they are too many for L2 waits at entry too (Kimi-K2 one token 91.3 -> 85.6 us, results/gpu-issue28/run-12).
 Quantized activations (W4A4, W4A8: exact bf16 values, their one scale applied by the epilogue kernels) run the same
 kernel: on the H200 bit for bit with triton_bitplace (run-11).
-PERSIST (the tiles' `persistent`, opt-in, compiled, not yet run on a GPU): the programs that fit at once, each
-running the plain grid's programs as work items on one ring (_consumer_items / _producer_items).
+PERSIST (the tiles' `persistent`, opt-in): the programs that fit at once, each running the plain grid's programs as
+work items on one ring (_consumer_items / _producer_items). Bit for bit on the H200 but 5-16% slower at every decode
+point (results/gpu-issue28/run-13: gpt-oss-120b 8 tokens 140.8 -> 159.6 us, Kimi-K2 64 tokens 2067.6 -> 2161.1).
 """
 
 from __future__ import annotations

@@ -47,11 +47,11 @@ NVFP4_EXPONENT_ADD = os.environ.get("MOE_CONFORMANCE_NVFP4_EXPONENT_ADD", "1") =
 # (split_k_to_fill: one token splits 4 ways on gpt-oss, 2 on Kimi-K2; 8 tokens and more not at all). 128-row
 # tiles, 4 stages, 8 warps (two warpgroups on one activation tile, 128 or 256 rows), mma_steps 2 and maxnreg 96 were
 # slower or no faster at every point. Prefill (results/gpu-issue28/run-14, 8192 tokens): the tiles in groups of 8 row
-# blocks (group_m; gpt-oss-120b 35.1 -> 42.3% of dense bf16, Kimi-K2 36.0 -> 41.4%), then 128 rows a tile (gpt-oss
-# 45.9%, Kimi-K2 40.8% against 41.4% at 64; 2 stages slower at both).
+# blocks (group_m; MXFP4 gpt-oss-120b 35.1 -> 42.3% of dense bf16, Kimi-K2 36.0 -> 41.4%); 128 rows a tile won the
+# MXFP4 sweep on gpt-oss-120b (45.9%) but lost NVFP4 (W4A4 35.4 -> 27.1%, Kimi-K2 37.6 -> 29.6%) in make bench.
 BITPLACE_TILES = (
     (1024, dict(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=3, split_k_programs=512)),
-    (1 << 62, dict(block_m=128, block_n=64, block_k=128, num_warps=4, num_stages=3, group_m=8)),
+    (1 << 62, dict(block_m=64, block_n=64, block_k=128, num_warps=4, num_stages=3, group_m=8)),
 )
 
 

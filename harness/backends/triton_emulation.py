@@ -89,7 +89,8 @@ TILE_KEYS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "w2_blo
 # triton_bitplace.GLUON_OVERLAP; w2_mma_overlap GEMM2's, one tile a step, where it differs), pdl (triton_bitplace_gluon
 # at decode: 1 launches the chain as programmatic dependents, triton_kernels.PDL_ORDER, GEMM2 prefetching its weights
 # into L2 before its wait; 2 likewise without the prefetch), persistent (triton_bitplace_gluon: 1 runs each GEMM as
-# a persistent grid of the programs that fit at once, one ring a program across its work items; opt-in), group_m
+# a persistent grid of the programs that fit at once, one ring a program across its work items; opt-in, slower in
+# results/gpu-issue28/run-13), group_m
 # (moe_gemm_kernel: the tiles in groups of this many row blocks, each group's N blocks in turn, so that the programs
 # resident together share activation rows and weight columns through L2; triton_kernels.grouped_tile_order; 0 = row
 # blocks fastest). A table row may give
