@@ -270,3 +270,56 @@ def test_the_grouped_tile_order_gives_the_same_bits():
             outs.append(backend.forward(backend.prepare(ckpt), x, w, ids))
         assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16)), (kernel, scheme)
         assert outs[0].abs().sum() > 0
+
+
+def test_activations_and_bf16_weights_by_tma_give_the_same_bits(monkeypatch):
+    """tma 1 (moe_gemm_kernel's A_TMA / W_TMA): the activation rows gathered block by block (gather_block_rows) and
+    read as TMA boxes, bf16 weights as boxes of [E x N_ROWS, K] (gate and up interleaved: one box of both and one
+    MMA, the accumulator's columns split after the loop; halves: two boxes), the bit-placement loop's activations
+    likewise (two MMA steps a chunk: two boxes): bit for bit the pointer loads' outputs, with K tails (160 = 2.5 steps of 64), tiles past N_OUT, padding
+    rows and biases, gated and not (GEMM2)."""
+    from harness.backends import load_backend, triton_emulation
+    from harness.core.conformance import Shape, backend_shape, case_checkpoint, case_inputs
+
+    boxes = []
+    from_tensor = triton_emulation.TensorDescriptor.from_tensor
+    monkeypatch.setattr(triton_emulation.TensorDescriptor, "from_tensor",
+                        staticmethod(lambda t, box: boxes.append(box) or from_tensor(t, box)))
+    for kernel, scheme, act, more in (("triton_emulation", "bf16", "SWIGLUOAI", {}),
+                                      ("triton_emulation", "bf16", "SILU", {}),
+                                      ("triton_bitplace", "w_mxfp4", "SWIGLUOAI", dict(mma_steps=2))):
+        outs = []
+        for tma in (0, 1):
+            backend = load_backend(kernel).configure(block_m=16, block_n=64, block_k=128 if "bitplace" in kernel
+                                                     else 64, num_warps=4, num_stages=2, tma=tma, **more)
+            shape = backend_shape(backend, Shape(num_experts=3, hidden_size=160, intermediate_size=96, tokens=9,
+                                                 top_k=2))
+            ckpt = case_checkpoint(scheme, act, "e4m3fn", shape, seed=7, bias=True)
+            x, w, ids = case_inputs(shape, 8)
+            outs.append(backend.forward(backend.prepare(ckpt), x, w, ids))
+        assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16)), (kernel, scheme, act)
+        assert outs[0].abs().sum() > 0
+    # GEMM1 and GEMM2 of each: the activations' boxes, and the bf16 weights' ([2 x 64] rows interleaved, 64 halves)
+    assert boxes == [[16, 64], [128, 64], [16, 64], [64, 64], [16, 64], [64, 64], [16, 64], [64, 64],
+                                     [16, 64], [16, 64]], boxes
+
+
+def test_the_tma_prefill_launches_compile_for_sm90_without_a_gpu():
+    """tma 1 at prefill tiles, compiled for sm90 with the installed Triton (compile_check): bf16 weights by TMA with
+    gate and up interleaved (one 256-row box) and in halves (two 128-row boxes), 8 warps, 4 stages, grouped; the
+    bit-placement loop's activations by TMA (MXFP4, NVFP4 W4A4) at 64 rows. ~15 s on a CPU."""
+    for cases, tiles in ((("triton_emulation/bf16/SWIGLUOAI", "triton_emulation/bf16/SILU"),
+                          dict(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4)),
+                         (("triton_bitplace/w_mxfp4/SWIGLUOAI", "triton_bitplace/w_nvfp4_a_nvfp4/SILU"),
+                          dict(block_m=64, block_n=64, block_k=128, num_warps=4, num_stages=3))):
+        cmd = [sys.executable, "-m", "harness.backends.compile_check", "--tokens", "2048", "--intermediate", "384"]
+        for case in cases:
+            cmd += ["--case", case]
+        for key, value in dict(tiles, group_m=8, tma=1).items():
+            cmd += ["--configure", f"{key}={value}"]
+        for kernel in ("moe_align_kernel", "topk_reduce_kernel", "nvfp4_quantize_kernel"):
+            cmd += ["--skip", kernel]
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[1],
+                             env=dict(os.environ, TRITON_INTERPRET="0"))
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        assert sum(line.startswith("compiled moe_gemm_kernel") for line in run.stdout.splitlines()) == 4, run.stdout

@@ -77,6 +77,8 @@ def compile_launch(fn, args: tuple, kwargs: dict, target=SM90):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    from triton.runtime.jit import mangle_type
+    from triton.tools.tensor_descriptor import TensorDescriptor as TritonTensorDescriptor
 
     values = dict(zip(fn.arg_names, args))
     values.update({k: v for k, v in kwargs.items() if k not in _OPTIONS})
@@ -92,6 +94,8 @@ def compile_launch(fn, args: tuple, kwargs: dict, target=SM90):
             signature[param.name], constexprs[param.name] = "constexpr", value
         elif isinstance(value, TensorDescriptor):  # a Gluon kernel's TMA descriptor: its box and shared layout
             signature[param.name] = f"tensordesc<{_DTYPES[value.base.dtype]}{list(value.block_shape)},{value.layout!r}>"
+        elif isinstance(value, TritonTensorDescriptor):  # a Triton kernel's host TMA descriptor: its box
+            signature[param.name] = mangle_type(value)
         elif isinstance(value, torch.Tensor):
             signature[param.name] = "*" + _DTYPES[value.dtype]
             if value.data_ptr() % 16 == 0:

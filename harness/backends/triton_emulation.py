@@ -23,6 +23,7 @@ from reference.structure import STRUCTURES
 
 from . import triton_kernels as K
 from .triton_kernels import triton
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 _ACT_IDS = {"SILU": 0, "GELU": 1, "GELU_TANH": 2, "RELU2": 3, "SWIGLUOAI": 4, "SWIGLUSTEP": 5, "SITU": 6}
 _W_KIND = {None: 0, MX: 1, NVFP4: 2, FP8: 3}  # the kernel's W_KIND (triton_kernels.W_BF16 ...)
@@ -80,7 +81,7 @@ class Prepared:
 FUSED_ALIGN_MAX_PAIRS = 1024
 
 TILE_KEYS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "w2_block_n", "maxnreg", "mma_steps",
-             "split_k", "mma_overlap", "w2_mma_overlap", "pdl", "persistent", "group_m")
+             "split_k", "mma_overlap", "w2_mma_overlap", "pdl", "persistent", "group_m", "tma")
 # optional keys: w2_block_n (GEMM2's N tile where it differs from GEMM1's), maxnreg (a register cap per thread, so
 # that more programs fit on a multiprocessor; 0 = the compiler's choice), mma_steps (triton_bitplace: MMA steps per
 # 128-value chunk, 1 or 2; 2 holds half the decoded tile in registers), split_k (triton_bitplace: the K chunks
@@ -93,7 +94,9 @@ TILE_KEYS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "w2_blo
 # results/gpu-issue28/run-13), group_m
 # (moe_gemm_kernel: the tiles in groups of this many row blocks, each group's N blocks in turn, so that the programs
 # resident together share activation rows and weight columns through L2; triton_kernels.grouped_tile_order; 0 = row
-# blocks fastest). A table row may give
+# blocks fastest), tma (moe_gemm_kernel: the activation rows gathered block by block into a copy that TMA boxes read,
+# gather_block_rows, and bf16 weights by TMA too: _k_loop_tma; the bit-placement loop's activations likewise;
+# opt-in, not yet run on a GPU). A table row may give
 # split_k_programs instead: split_k then is the fewest splits that give GEMM1 that many programs (split_k_to_fill),
 # and pdl_bytes: pdl 1 where GEMM2's weights of the call (one expert a pair at most) are at most that many bytes,
 # else 2
@@ -107,6 +110,13 @@ TILE_TABLE = (
     (1 << 62, (None,), dict(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4, group_m=8)),
     (1 << 62, None, dict(block_m=128, block_n=64, block_k=64, num_warps=8, num_stages=3, group_m=8)),
 )
+
+
+def gather_block_rows(a: torch.Tensor, sorted_rows: torch.Tensor, n_pairs: int, a_row_div: int) -> torch.Tensor:
+    """The activation rows of every expert block in block order (row b x BLOCK_M + i: the row of pair
+    sorted_rows[b x BLOCK_M + i]), so that one TMA box reads a block's rows; a padding slot (pair id n_pairs)
+    copies the last pair's row, whose products no output of the slot stores."""
+    return a.index_select(0, sorted_rows.clamp(max=n_pairs - 1) // a_row_div)
 
 
 class TritonEmulationBackend:
@@ -450,9 +460,24 @@ class TritonEmulationBackend:
         if split_k > 1 or partials:
             launch_options["SPLIT_K"] = split_k
             target = torch.empty(split_k, n_pairs, 2, n_out, dtype=torch.float32, device=out.device)
+        a_arg, w_arg = a, w
+        bitplace = bool(prep.constexprs.get("BITPLACE"))
+        gated = bool(apply_act and act.gated)
+        if tiles.get("tma") and not partials and not self.use_dot_scaled and k_dim % 8 == 0:
+            # TMA boxes need 16-byte row strides (K % 8 bf16); the bit-placement loop reads 128 / mma_steps columns
+            w_tma = not bitplace and wq is None and a_mode != 2 and block_scale is None
+            if bitplace or w_tma:
+                box_k = 128 // (tiles.get("mma_steps") or 1) if bitplace else tiles["block_k"]
+                a_arg = TensorDescriptor.from_tensor(gather_block_rows(a, sorted_rows, n_pairs, a_row_div),
+                                                     [tiles["block_m"], box_k])
+                launch_options["A_TMA"] = True
+            if w_tma:
+                rows = 2 * block_n if gated and act.interleaved else block_n
+                w_arg = TensorDescriptor.from_tensor(w.view(-1, k_dim), [rows, tiles["block_k"]])
+                launch_options["W_TMA"] = True
         grid = (block_expert.numel(), triton_cdiv(n_out, block_n), split_k)
         common = dict(A_SCALE=a_mode, HAS_EXPERT_SCALE=expert_scale is not None, HAS_BIAS=bias is not None,
-                      GATED=bool(apply_act and act.gated), INTERLEAVED=act.interleaved, ACT=_ACT_IDS[act.formula],
+                      GATED=gated, INTERLEAVED=act.interleaved, ACT=_ACT_IDS[act.formula],
                       APPLY_ACT=apply_act, HAS_LIMIT=act.limit is not None)
         scalars = (float(act.alpha), float(act.beta), float(act.beta_lin), float(act.limit or 0.0))
         self.last_launch[which] = (grid, tiles)
@@ -461,7 +486,7 @@ class TritonEmulationBackend:
                                                  n_rows, k_dim, bool(apply_act and act.gated), split_k)
         else:
             self.last_compiled[which] = K.moe_gemm_kernel[grid](
-                a, a_scale if a_mode else dummy, w, ws if ws is not None else dummy,
+                a_arg, a_scale if a_mode else dummy, w_arg, ws if ws is not None else dummy,
                 block_scale if block_scale is not None else dummy, expert_scale if expert_scale is not None else dummy,
                 bias if bias is not None else dummy, target, sorted_rows, block_expert, n_pairs, a_row_div, n_out, n_rows,
                 k_dim, *scalars, q_scale, QUANT_NVFP4=quantize and split_k == 1,

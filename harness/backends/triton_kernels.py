@@ -671,6 +671,46 @@ def _k_loop(a_ptr, a_scale_ptr, w_ptr, ws_ptr, w_block_scale_ptr, expert, a_row,
     return acc_g, acc_u
 
 
+@_device
+def _k_loop_tma(a_desc, w_desc, expert, a_row0, n0, N_OUT, N_ROWS, K, GATED: tl.constexpr, INTERLEAVED: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRET_DOT: tl.constexpr):
+    """_k_loop for bf16 weights, both operands by TMA: a_desc over the block-gathered activation rows [blocks x
+    BLOCK_M, K] (the block's rows at a_row0), w_desc over the weights as [E x N_ROWS, K]; K's tail and rows past
+    the tensor read as zeros (a tile's rows past N_OUT belong to the next rows or expert: their outputs are not
+    stored). Gate and up rows interleaved (2n, 2n + 1): one [2 BLOCK_N, BLOCK_K] box and one MMA a step, the
+    accumulator's even and odd columns split after the loop; each output element is the same K reduction of the same
+    products as _k_loop's two MMAs."""
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    wrow = expert * N_ROWS  # TMA coordinates are 32-bit (Kimi-K2's 384 x 4096 rows fit)
+    if GATED and INTERLEAVED:
+        acc = tl.zeros((BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            a = a_desc.load([a_row0, k0])
+            w = w_desc.load([wrow + 2 * n0, k0])
+            if INTERPRET_DOT:
+                a = bf16_to_f32(a)
+                w = bf16_to_f32(w)
+            acc += _dot(a, w, INTERPRET_DOT)
+        acc_g, acc_u = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N, 2)))
+    else:
+        for k0 in range(0, K, BLOCK_K):
+            a = a_desc.load([a_row0, k0])
+            wg = w_desc.load([wrow + n0, k0])
+            if INTERPRET_DOT:
+                a = bf16_to_f32(a)
+                wg = bf16_to_f32(wg)
+            acc_g += _dot(a, wg, INTERPRET_DOT)
+            if GATED:
+                wu = w_desc.load([wrow + N_OUT + n0, k0])
+                if INTERPRET_DOT:
+                    wu = bf16_to_f32(wu)
+                acc_u += _dot(a, wu, INTERPRET_DOT)
+        if not GATED:
+            acc_u = acc_g
+    return acc_g, acc_u
+
+
 @triton.jit
 def moe_gemm_kernel(
     a_ptr, a_scale_ptr, w_ptr, ws_ptr, w_block_scale_ptr, expert_scale_ptr, bias_ptr, out_ptr,
@@ -682,7 +722,7 @@ def moe_gemm_kernel(
     INTERPRET_DOT: tl.constexpr, DOT_SCALED: tl.constexpr = False, DS_FMT: tl.constexpr = "e2m1",
     BITPLACE: tl.constexpr = False, MMA_STEPS: tl.constexpr = 1, SPLIT_K: tl.constexpr = 1,
     ROW_PAIRS: tl.constexpr = False, QUANT_NVFP4: tl.constexpr = False, NV_NORMAL: tl.constexpr = False,
-    GROUP_M: tl.constexpr = 0,
+    GROUP_M: tl.constexpr = 0, A_TMA: tl.constexpr = False, W_TMA: tl.constexpr = False,
 ):
     """out[pair, n] for BLOCK_M pairs of one expert (rows of a: pair // a_row_div) x BLOCK_N outputs.
 
@@ -695,7 +735,10 @@ def moe_gemm_kernel(
     workspace [SPLIT_K, pairs, 2, N_OUT] of partial sums for splitk_epilogue_kernel. QUANT_NVFP4: the epilogue
     stores the next GEMM's NVFP4 activation values (_epilogue). GROUP_M > 0: the grid's programs visit the tiles
     in groups of GROUP_M row blocks, N blocks the outer order within a group (grouped_tile_order); 0: row blocks
-    fastest. Every tile is computed alike either way (the same bits); only which tiles run at once changes."""
+    fastest. Every tile is computed alike either way (the same bits); only which tiles run at once changes.
+    A_TMA: a_ptr is a TMA descriptor over the activation rows gathered block by block (row pid_m x BLOCK_M + i is
+    the block's pair i; gather_block_rows), boxes [BLOCK_M, the K step] (the bit-placement loop and W_TMA's);
+    W_TMA (bf16 weights, with A_TMA): w_ptr a descriptor over [E x N_ROWS, K], _k_loop_tma."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     if GROUP_M > 0:
@@ -737,8 +780,11 @@ def moe_gemm_kernel(
             for qh in tl.static_range(MMA_STEPS):
                 k_offs = ci * 128 + qh * 32 * QW + tl.arange(0, 32 * QW)
                 # bf16 straight into the dot when compiled (a load the pipeliner streams into shared memory)
-                a = tl.load(a_ptr + a_row[:, None] * K + k_offs[None, :],
-                            mask=m_mask[:, None] & (k_offs < K)[None, :], other=0.0)
+                if A_TMA:
+                    a = a_ptr.load([pid_m * BLOCK_M, ci * 128 + qh * 32 * QW])
+                else:
+                    a = tl.load(a_ptr + a_row[:, None] * K + k_offs[None, :],
+                                mask=m_mask[:, None] & (k_offs < K)[None, :], other=0.0)
                 if INTERPRET_DOT:
                     a = bf16_to_f32(a)
                 wg = _fp4_bitplace_tile(w_ptr, ws_ptr, expert, n0, G_MUL, g_add, N_OUT, ci, N_ROWS, K, W_KIND, REPS,
@@ -750,7 +796,13 @@ def moe_gemm_kernel(
                     acc_ut += _dot_weights_first(wu, a, INTERPRET_DOT)
         acc_g = tl.trans(acc_gt)
         acc_u = tl.trans(acc_ut) if GATED else acc_g
+    elif W_TMA:
+        tl.static_assert(A_TMA and W_KIND == 0 and A_SCALE != 2 and not W_BLOCK_SCALE and not DOT_SCALED,
+                         "TMA weights: bf16, the activations by TMA too, no per-step scales")
+        acc_g, acc_u = _k_loop_tma(a_ptr, w_ptr, expert, pid_m * BLOCK_M, pid_n * BLOCK_N, N_OUT, N_ROWS, K, GATED,
+                                   INTERLEAVED, BLOCK_M, BLOCK_N, BLOCK_K, INTERPRET_DOT)
     else:
+        tl.static_assert(not A_TMA, "the dequantizing loop gathers its activation rows itself")
         acc_g, acc_u = _k_loop(a_ptr, a_scale_ptr, w_ptr, ws_ptr, w_block_scale_ptr, expert, a_row, m_mask, g_row,
                                u_row, n_mask, N_ROWS, K, A_SCALE, W_KIND, PACKED, EBITS, MBITS, BIAS, W_BLOCK_SCALE,
                                GATED, BLOCK_M, BLOCK_N, BLOCK_K, INTERPRET_DOT, DOT_SCALED, DS_FMT)
