@@ -125,9 +125,20 @@ def test_the_kernels_a_forward_launches_compile_for_sm90_without_a_gpu():
     """The interpreter runs a kernel's Python, not the compiler: harness.backends.compile_check records the launches
     of forwards (nothing runs) and compiles each for sm90 with the installed Triton's ptxas, so that a kernel that
     cannot compile (a loop-carried variable changing type: moe_align_kernel's NVFP4 programs once did; returns of
-    two types in _weight_tile's bf16 path) fails here
-    rather than on a GPU loan. One token and 2048 (the decode row with split-K and its epilogues, the prefill
-    row with GEMM1's own NVFP4 epilogue); ~20 s on a CPU."""
+    two types in _weight_tile's bf16 path) fails here rather than on a GPU loan. Every variant in one process (each
+    distinct launch compiled once; GEMM2's K 3 chunks, so that loops are compiled, not folded):
+    - the table's tiles at one token and 2048 (the decode row with split-K and its epilogues, the prefill row with
+      GEMM1's own NVFP4 epilogue), every Triton backend;
+    - prefill by TMA (tma 1): bf16 weights interleaved (one 256-row box) and in halves, 8 warps, 4 stages; the
+      bit-placement loop's activations (MXFP4, NVFP4 W4A4);
+    - the warp-specialised Gluon decode GEMM (harness/backends/gluon_kernels.py): GEMM1 gated, GEMM2 not, MXFP4 and
+      NVFP4 (and NVFP4 W4A4: the epilogues apply its scale and quantize GEMM2's input), in each of the consumer's
+      three schedules, with one and two consumer warpgroups a program, its layout conversions to the wgmma operand
+      asserted trivial by the compiler; pdl 1: the chain as programmatic dependents, each dependent's PTX checked
+      against triton_kernels.PDL_ORDER (compile_check.dependent_launch_violations); pdl 2 the same chain with GEMM2
+      waiting at entry (no L2 prefetch); NVFP4 factors by multiplies and by an exponent add (NV_NORMAL);
+      persistent grids with one and two warpgroups, with and without pdl; and the registered backend's defaults
+      (GEMM2's weights of a small model far below GLUON_PDL_BYTES: the chain launches as dependents)."""
     from harness.backends.compile_check import LAUNCHED_KERNELS
 
     # every kernel launch site of the backends is one compile_check records (an unlisted one would really launch)
@@ -137,51 +148,37 @@ def test_the_kernels_a_forward_launches_compile_for_sm90_without_a_gpu():
     cases = ["triton_bitplace/w_nvfp4_a_nvfp4/SILU", "triton_bitplace/w_mxfp4/SWIGLUOAI",
              "triton_dot_scaled/w_mxfp4/SWIGLUOAI", "triton_emulation/w_mxfp4_a_mxfp4/SWIGLUOAI",
              "triton_emulation/w_fp8_a_fp8_block/SILU", "triton_emulation/bf16/SILU"]
-    cmd = [sys.executable, "-m", "harness.backends.compile_check", "--tokens", "1", "2048"]
-    for case in cases:
+    bf16_tma = "block_m=128,block_n=128,block_k=64,num_warps=8,num_stages=4,group_m=8,tma=1,tokens=2048"
+    fp4_tma = "block_m=64,block_n=64,block_k=128,num_warps=4,num_stages=3,group_m=8,tma=1,tokens=2048"
+    tma = [f"triton_emulation/bf16/SWIGLUOAI@{bf16_tma}", f"triton_emulation/bf16/SILU@{bf16_tma}",
+           f"triton_bitplace/w_mxfp4/SWIGLUOAI@{fp4_tma}", f"triton_bitplace/w_nvfp4_a_nvfp4/SILU@{fp4_tma}"]
+    gluon = {f"triton_bitplace_gluon/{case}@tokens=1,block_m=16,num_warps=4,mma_overlap={overlap},block_n={block_n},"
+             f"pdl={pdl},persistent={persistent},exponent_add={int(block_n == 128)}": pdl
+             for overlap, block_n, case, pdl, persistent in (
+                 (0, 64, "w_mxfp4/SWIGLUOAI", 0, 0), (1, 64, "w_mxfp4/SWIGLUOAI", 0, 0),
+                 (2, 64, "w_mxfp4/SWIGLUOAI", 0, 0), (0, 128, "w_mxfp4/SWIGLUOAI", 0, 1),
+                 (2, 128, "w_mxfp4/SWIGLUOAI", 0, 0), (0, 64, "w_nvfp4/SILU", 0, 0), (1, 128, "w_nvfp4/SILU", 0, 0),
+                 (0, 64, "w_mxfp4/SWIGLUOAI", 1, 0), (1, 128, "w_nvfp4/SILU", 2, 0),
+                 (0, 64, "w_nvfp4_a_nvfp4/SWIGLUOAI", 1, 1))}
+    default_gluon = "triton_bitplace_gluon/w_mxfp4/SWIGLUOAI@tokens=1"
+    cmd = [sys.executable, "-m", "harness.backends.compile_check", "--tokens", "1", "2048", "--intermediate", "384"]
+    for case in cases + tma + list(gluon) + [default_gluon]:
         cmd += ["--case", case]
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
-                         env=dict(os.environ, TRITON_INTERPRET="0"), cwd=Path(__file__).resolve().parents[1])
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=Path(__file__).resolve().parents[1],
+                         env=dict(os.environ, TRITON_INTERPRET="0", MOE_CONFORMANCE_GLUON_NVFP4="1",
+                                  MOE_CONFORMANCE_GLUON_QUANTIZED_ACT="1"))
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     compiled = {line.split()[1] for line in run.stdout.splitlines() if line.startswith("compiled ")}
     assert compiled >= {"moe_align_kernel", "moe_gemm_kernel", "splitk_epilogue_kernel", "splitk_topk_reduce_kernel",
-                        "mx_quantize_kernel", "nvfp4_quantize_kernel", "fp8_quantize_kernel", "topk_reduce_kernel"}, run.stdout
-    # the warp-specialised Gluon decode GEMM (harness/backends/gluon_kernels.py, opt-in): GEMM1 gated, GEMM2 not,
-    # MXFP4 and NVFP4 (and NVFP4 W4A4: the epilogues apply its scale and quantize GEMM2's input), in each of the
-    # consumer's three schedules (GEMM2's K 3 chunks, so that schedule 1's two-step
-    # loop is compiled, not folded), with one and two consumer warpgroups a program, its layout conversions to the
-    # wgmma operand asserted trivial by the compiler; pdl 1: the chain as programmatic dependents, each dependent's
-    # PTX checked against triton_kernels.PDL_ORDER (compile_check.dependent_launch_violations); pdl 2 the same chain
-    # with GEMM2 waiting at entry (no L2 prefetch); NVFP4 at 128 rows with the factors by an exponent add (NV_NORMAL);
-    # persistent grids (one ring a program across its work items) with one and two warpgroups, with and without pdl
-    for overlap, block_n, case, pdl, persistent in (
-            (0, 64, "w_mxfp4/SWIGLUOAI", 0, 0), (1, 64, "w_mxfp4/SWIGLUOAI", 0, 0), (2, 64, "w_mxfp4/SWIGLUOAI", 0, 0),
-            (0, 128, "w_mxfp4/SWIGLUOAI", 0, 1), (2, 128, "w_mxfp4/SWIGLUOAI", 0, 0), (0, 64, "w_nvfp4/SILU", 0, 0),
-            (1, 128, "w_nvfp4/SILU", 0, 0), (0, 64, "w_mxfp4/SWIGLUOAI", 1, 0), (1, 128, "w_nvfp4/SILU", 2, 0),
-            (0, 64, "w_nvfp4_a_nvfp4/SWIGLUOAI", 1, 1)):
-        gluon = subprocess.run([sys.executable, "-m", "harness.backends.compile_check", "--tokens", "1", "--case",
-                                f"triton_bitplace/{case}", "--skip", "moe_align_kernel", "--configure",
-                                f"mma_overlap={overlap}", "--configure", f"block_n={block_n}", "--configure",
-                                "block_m=16", "--configure", "num_warps=4", "--configure", f"pdl={pdl}",
-                                "--configure", f"persistent={persistent}", "--intermediate", "384"],
-                               capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[1],
-                               env=dict(os.environ, TRITON_INTERPRET="0", MOE_CONFORMANCE_BITPLACE_GLUON="1",
-                                        MOE_CONFORMANCE_GLUON_NVFP4="1", MOE_CONFORMANCE_GLUON_QUANTIZED_ACT="1",
-                                        MOE_CONFORMANCE_NVFP4_EXPONENT_ADD=str(int(block_n == 128))))
-        assert gluon.returncode == 0, gluon.stdout[-3000:] + gluon.stderr[-3000:]
-        lines = gluon.stdout.splitlines()
-        assert sum(line.startswith("compiled bitplace_partials_kernel") for line in lines) == 2, \
-            (overlap, block_n, case, gluon.stdout)
-        # GEMM1, its epilogue, GEMM2 and the top-k sum, each a dependent that waits first
-        assert sum(line.startswith("dependent launch of") for line in lines) == (4 if pdl else 0), gluon.stdout
-    # the registered backend's defaults: GEMM2's weights of a small model are far below GLUON_PDL_BYTES, so the chain
-    # launches as dependents (and GEMM2 on two-warpgroup programs)
-    gluon = subprocess.run([sys.executable, "-m", "harness.backends.compile_check", "--tokens", "1", "--case",
-                            "triton_bitplace_gluon/w_mxfp4/SWIGLUOAI", "--skip", "moe_align_kernel",
-                            "--intermediate", "384"], capture_output=True, text=True, timeout=300,
-                           cwd=Path(__file__).resolve().parents[1], env=dict(os.environ, TRITON_INTERPRET="0"))
-    assert gluon.returncode == 0, gluon.stdout[-3000:] + gluon.stderr[-3000:]
-    assert sum(line.startswith("dependent launch of") for line in gluon.stdout.splitlines()) == 4, gluon.stdout
+                        "mx_quantize_kernel", "nvfp4_quantize_kernel", "fp8_quantize_kernel", "topk_reduce_kernel",
+                        "bitplace_partials_kernel"}, run.stdout
+    launched = {line.split(", ")[0][5:]: line for line in run.stdout.splitlines() if line.startswith("case ")}
+    for case in tma:
+        assert "moe_gemm_kernel x2" in launched[case], launched[case]
+    # both GEMMs by the Gluon kernel; GEMM1, its epilogue, GEMM2 and the top-k sum each a dependent that waits first
+    for case, pdl in list(gluon.items()) + [(default_gluon, 1)]:
+        assert "bitplace_partials_kernel x2" in launched[case], launched[case]
+        assert launched[case].endswith(f" {4 if pdl else 0} dependents"), launched[case]
 
 
 def test_a_dependent_launch_that_reads_or_writes_before_its_wait_is_reported():
@@ -302,24 +299,3 @@ def test_activations_and_bf16_weights_by_tma_give_the_same_bits(monkeypatch):
     # GEMM1 and GEMM2 of each: the activations' boxes, and the bf16 weights' ([2 x 64] rows interleaved, 64 halves)
     assert boxes == [[16, 64], [128, 64], [16, 64], [64, 64], [16, 64], [64, 64], [16, 64], [64, 64],
                                      [16, 64], [16, 64]], boxes
-
-
-def test_the_tma_prefill_launches_compile_for_sm90_without_a_gpu():
-    """tma 1 at prefill tiles, compiled for sm90 with the installed Triton (compile_check): bf16 weights by TMA with
-    gate and up interleaved (one 256-row box) and in halves (two 128-row boxes), 8 warps, 4 stages, grouped; the
-    bit-placement loop's activations by TMA (MXFP4, NVFP4 W4A4) at 64 rows. ~15 s on a CPU."""
-    for cases, tiles in ((("triton_emulation/bf16/SWIGLUOAI", "triton_emulation/bf16/SILU"),
-                          dict(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4)),
-                         (("triton_bitplace/w_mxfp4/SWIGLUOAI", "triton_bitplace/w_nvfp4_a_nvfp4/SILU"),
-                          dict(block_m=64, block_n=64, block_k=128, num_warps=4, num_stages=3))):
-        cmd = [sys.executable, "-m", "harness.backends.compile_check", "--tokens", "2048", "--intermediate", "384"]
-        for case in cases:
-            cmd += ["--case", case]
-        for key, value in dict(tiles, group_m=8, tma=1).items():
-            cmd += ["--configure", f"{key}={value}"]
-        for kernel in ("moe_align_kernel", "topk_reduce_kernel", "nvfp4_quantize_kernel"):
-            cmd += ["--skip", kernel]
-        run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[1],
-                             env=dict(os.environ, TRITON_INTERPRET="0"))
-        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-        assert sum(line.startswith("compiled moe_gemm_kernel") for line in run.stdout.splitlines()) == 4, run.stdout

@@ -7,7 +7,12 @@ by a recorder (nothing executes: the launches' arguments are what the forward wo
 launch is compiled for the target with the installed Triton's own ptxas.
 
     python -m harness.backends.compile_check --case triton_bitplace/w_nvfp4_a_nvfp4/SILU [--case ...]
-        [--tokens 1 64] [--skip moe_gemm_kernel]
+        [--tokens 1 64] [--skip moe_gemm_kernel] [--configure block_n=128 ...]
+
+A case may carry its own launch parameters after an @ (`triton_bitplace_gluon/w_nvfp4/SILU@block_n=128,pdl=2`):
+tile keys for backend.configure (over --configure's), `tokens` (instead of --tokens) and `exponent_add`
+(triton_bitplace.NVFP4_EXPONENT_ADD for that case), so that many variants compile in one process (each distinct
+launch once). One line a case says what it launched: `case C, T tokens: N launches (name xK, ...), D dependents`.
 
 Must be imported with TRITON_INTERPRET unset or 0 (the kernels are then JIT functions the compiler takes);
 run as a module it sees to that itself. suites/test_triton_helpers.py runs it in a subprocess.
@@ -151,20 +156,35 @@ def main(argv=None) -> int:
     ap.add_argument("--intermediate", type=int, default=128,
                     help="the experts' intermediate size (GEMM2's K: 128 is one chunk, which the compiler folds)")
     args = ap.parse_args(argv)
+    from harness.backends import triton_bitplace
+
     params = dict(kv.split("=", 1) for kv in args.configure)
     seen, failed = set(), 0
     for case in args.case:
-        backend_name, scheme, activation = case.split("/")
+        spec, _, own = case.partition("@")
+        backend_name, scheme, activation = spec.split("/")
+        own = dict(kv.split("=", 1) for kv in own.split(",")) if own else {}
+        case_tokens = [int(own.pop("tokens"))] if "tokens" in own else args.tokens
+        exponent_add = triton_bitplace.NVFP4_EXPONENT_ADD
+        triton_bitplace.NVFP4_EXPONENT_ADD = bool(int(own.pop("exponent_add", exponent_add)))
         backend = load_backend(backend_name)
         backend.device = "cpu"
-        if params:
-            backend.configure(**{k: int(v) for k, v in params.items()})
+        tiles = {**params, **own}
+        if tiles:
+            backend.configure(**{k: int(v) for k, v in tiles.items()})
         ckpt = make_checkpoint(scheme, activation, 8, 256, args.intermediate, seed=0, with_bias=True)
-        for tokens in args.tokens:
+        for tokens in case_tokens:
             g = torch.Generator().manual_seed(tokens)
             x = torch.randn(tokens, 256, generator=g).to(torch.bfloat16)
             w, ids = torch.randn(tokens, 8, generator=g).softmax(-1).topk(2)
-            for name, fn, a, kw in record_launches(backend, ckpt, x, w, ids):
+            launches = record_launches(backend, ckpt, x, w, ids)
+            names = {}
+            for name, *_ in launches:
+                names[name] = names.get(name, 0) + 1
+            print(f"case {case}, {tokens} tokens: {len(launches)} launches ("
+                  f"{', '.join(f'{n} x{k}' for n, k in names.items())}), "
+                  f"{sum(bool(kw.get('launch_pdl')) for *_, kw in launches)} dependents", flush=True)
+            for name, fn, a, kw in launches:
                 key = (name, tuple(sorted((k, repr(v)) for k, v in kw.items())),
                        tuple(str(v.dtype) if isinstance(v, torch.Tensor) else type(v).__name__ for v in a))
                 if name in args.skip or key in seen:
@@ -185,6 +205,7 @@ def main(argv=None) -> int:
                     cause = f" ({type(exc.__cause__).__name__}: {exc.__cause__})" if exc.__cause__ else ""
                     print(f"FAILED {name} ({case}, {tokens} tokens): {type(exc).__name__}: {str(exc)[-600:]}{cause}",
                           flush=True)
+        triton_bitplace.NVFP4_EXPONENT_ADD = exponent_add
     print(f"{len(seen)} launches compiled, {failed} failed")
     return 1 if failed else 0
 
