@@ -450,7 +450,7 @@ def test_configure_starts_from_the_base_tiles_not_a_table_row_or_an_earlier_swee
     from harness.backends.triton_emulation import TritonEmulationBackend
 
     monkeypatch.setattr(triton_kernels, "INTERPRET", False)  # the GPU's tile tables
-    assert BITPLACE_TILES[0][1].get("split_k_programs"), "the decode row splits K at one token (the case this guards)"
+    assert BITPLACE_TILES[0][2].get("split_k_programs"), "the decode row splits K at one token (the case this guards)"
     for backend in (TritonBitplaceBackend(), TritonEmulationBackend()):
         assert backend.configure(block_m=16, block_n=64, block_k=128, num_warps=4).tiles.get("split_k", 1) == 1
         backend.configure(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4, split_k=4, mma_steps=2,

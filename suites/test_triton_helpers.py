@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from harness.backends import triton_kernels as K
@@ -130,7 +131,8 @@ def test_the_kernels_a_forward_launches_compile_for_sm90_without_a_gpu():
     - the table's tiles at one token and 2048 (the decode row with split-K and its epilogues, the prefill row with
       GEMM1's own NVFP4 epilogue), every Triton backend;
     - prefill by TMA (tma 1): bf16 weights interleaved (one 256-row box) and in halves, 8 warps, 4 stages; the
-      bit-placement loop's activations (MXFP4, NVFP4 W4A4);
+      bit-placement loop's activations (MXFP4, NVFP4 W4A4); bf16 weights alone (tma 2); 128-row blocks with 64-row
+      tails (tail_m);
     - the warp-specialised Gluon decode GEMM (harness/backends/gluon_kernels.py): GEMM1 gated, GEMM2 not, MXFP4 and
       NVFP4 (and NVFP4 W4A4: the epilogues apply its scale and quantize GEMM2's input), in each of the consumer's
       three schedules, with one and two consumer warpgroups a program, its layout conversions to the wgmma operand
@@ -151,7 +153,13 @@ def test_the_kernels_a_forward_launches_compile_for_sm90_without_a_gpu():
     bf16_tma = "block_m=128,block_n=128,block_k=64,num_warps=8,num_stages=4,group_m=8,tma=1,tokens=2048"
     fp4_tma = "block_m=64,block_n=64,block_k=128,num_warps=4,num_stages=3,group_m=8,tma=1,tokens=2048"
     tma = [f"triton_emulation/bf16/SWIGLUOAI@{bf16_tma}", f"triton_emulation/bf16/SILU@{bf16_tma}",
-           f"triton_bitplace/w_mxfp4/SWIGLUOAI@{fp4_tma}", f"triton_bitplace/w_nvfp4_a_nvfp4/SILU@{fp4_tma}"]
+           f"triton_bitplace/w_mxfp4/SWIGLUOAI@{fp4_tma}", f"triton_bitplace/w_nvfp4_a_nvfp4/SILU@{fp4_tma}",
+           f"triton_emulation/bf16/SWIGLUOAI@{bf16_tma.replace('tma=1', 'tma=2')}",
+           f"triton_emulation/bf16/SILU@{bf16_tma.replace('tma=1', 'tma=2')}"]
+    # 128-row blocks and 64-row tails (tail_m): two launches a GEMM, by TMA and not
+    tails = [f"triton_emulation/bf16/SWIGLUOAI@{bf16_tma},tail_m=64",
+             "triton_bitplace/w_nvfp4_a_nvfp4/SILU@block_m=128,block_n=64,block_k=128,num_warps=4,num_stages=3,group_m=8,"
+             "tail_m=64,tokens=2048"]
     gluon = {f"triton_bitplace_gluon/{case}@tokens=1,block_m=16,num_warps=4,mma_overlap={overlap},block_n={block_n},"
              f"pdl={pdl},persistent={persistent},exponent_add={int(block_n == 128)}": pdl
              for overlap, block_n, case, pdl, persistent in (
@@ -162,7 +170,7 @@ def test_the_kernels_a_forward_launches_compile_for_sm90_without_a_gpu():
                  (0, 64, "w_nvfp4_a_nvfp4/SWIGLUOAI", 1, 1))}
     default_gluon = "triton_bitplace_gluon/w_mxfp4/SWIGLUOAI@tokens=1"
     cmd = [sys.executable, "-m", "harness.backends.compile_check", "--tokens", "1", "2048", "--intermediate", "384"]
-    for case in cases + tma + list(gluon) + [default_gluon]:
+    for case in cases + tma + tails + list(gluon) + [default_gluon]:
         cmd += ["--case", case]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=Path(__file__).resolve().parents[1],
                          env=dict(os.environ, TRITON_INTERPRET="0", MOE_CONFORMANCE_GLUON_NVFP4="1",
@@ -175,6 +183,8 @@ def test_the_kernels_a_forward_launches_compile_for_sm90_without_a_gpu():
     launched = {line.split(", ")[0][5:]: line for line in run.stdout.splitlines() if line.startswith("case ")}
     for case in tma:
         assert "moe_gemm_kernel x2" in launched[case], launched[case]
+    for case in tails:
+        assert "moe_gemm_kernel x4" in launched[case], launched[case]
     # both GEMMs by the Gluon kernel; GEMM1, its epilogue, GEMM2 and the top-k sum each a dependent that waits first
     for case, pdl in list(gluon.items()) + [(default_gluon, 1)]:
         assert "bitplace_partials_kernel x2" in launched[case], launched[case]
@@ -273,8 +283,9 @@ def test_activations_and_bf16_weights_by_tma_give_the_same_bits(monkeypatch):
     """tma 1 (moe_gemm_kernel's A_TMA / W_TMA): the activation rows gathered block by block (gather_block_rows) and
     read as TMA boxes, bf16 weights as boxes of [E x N_ROWS, K] (gate and up interleaved: one box of both and one
     MMA, the accumulator's columns split after the loop; halves: two boxes), the bit-placement loop's activations
-    likewise (two MMA steps a chunk: two boxes): bit for bit the pointer loads' outputs, with K tails (160 = 2.5 steps of 64), tiles past N_OUT, padding
-    rows and biases, gated and not (GEMM2)."""
+    likewise (two MMA steps a chunk: two boxes); tma 2 the bf16 weights' boxes only, the activations by pointers: bit
+    for bit the pointer loads' outputs, with K tails (160 = 2.5 steps of 64), tiles past N_OUT, padding rows and
+    biases, gated and not (GEMM2)."""
     from harness.backends import load_backend, triton_emulation
     from harness.core.conformance import Shape, backend_shape, case_checkpoint, case_inputs
 
@@ -286,7 +297,7 @@ def test_activations_and_bf16_weights_by_tma_give_the_same_bits(monkeypatch):
                                       ("triton_emulation", "bf16", "SILU", {}),
                                       ("triton_bitplace", "w_mxfp4", "SWIGLUOAI", dict(mma_steps=2))):
         outs = []
-        for tma in (0, 1):
+        for tma in (0, 1, 2) if kernel == "triton_emulation" else (0, 1):
             backend = load_backend(kernel).configure(block_m=16, block_n=64, block_k=128 if "bitplace" in kernel
                                                      else 64, num_warps=4, num_stages=2, tma=tma, **more)
             shape = backend_shape(backend, Shape(num_experts=3, hidden_size=160, intermediate_size=96, tokens=9,
@@ -294,8 +305,91 @@ def test_activations_and_bf16_weights_by_tma_give_the_same_bits(monkeypatch):
             ckpt = case_checkpoint(scheme, act, "e4m3fn", shape, seed=7, bias=True)
             x, w, ids = case_inputs(shape, 8)
             outs.append(backend.forward(backend.prepare(ckpt), x, w, ids))
-        assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16)), (kernel, scheme, act)
+        for out in outs[1:]:
+            assert torch.equal(outs[0].view(torch.int16), out.view(torch.int16)), (kernel, scheme, act)
         assert outs[0].abs().sum() > 0
-    # GEMM1 and GEMM2 of each: the activations' boxes, and the bf16 weights' ([2 x 64] rows interleaved, 64 halves)
-    assert boxes == [[16, 64], [128, 64], [16, 64], [64, 64], [16, 64], [64, 64], [16, 64], [64, 64],
-                                     [16, 64], [16, 64]], boxes
+    # GEMM1 and GEMM2 of each: the activations' boxes, and the bf16 weights' ([2 x 64] rows interleaved, 64 halves);
+    # tma 2 the weights' alone
+    assert boxes == [[16, 64], [128, 64], [16, 64], [64, 64], [128, 64], [64, 64],
+                     [16, 64], [64, 64], [16, 64], [64, 64], [64, 64], [64, 64],
+                     [16, 64], [16, 64]], boxes
+
+
+def _tail_blocks_by_loop(sorted_rows, block_expert, tail_m, block_m, num_experts, n_pairs):
+    """split_tail_blocks' oracle, one expert at a time."""
+    ratio = block_m // tail_m
+    small = [(e, sorted_rows[i * tail_m:(i + 1) * tail_m].tolist()) for i, e in enumerate(block_expert.tolist())
+             if e >= 0]
+    big, tail = [], []
+    for e in range(num_experts):
+        mine = [rows for owner, rows in small if owner == e]
+        n_big = len(mine) // ratio
+        big += [(e, sum(mine[j * ratio:(j + 1) * ratio], [])) for j in range(n_big)]
+        tail += [(e, rows) for rows in mine[n_big * ratio:]]
+    return big, tail
+
+
+def test_tail_blocks_regroup_the_aligned_blocks_of_each_expert():
+    """split_tail_blocks against a loop over experts: blocks of block_m rows (runs of block_m / tail_m small blocks of
+    one expert) then the tail blocks left, the unused slots of the worst-case sizes expert -1 and all padding; experts
+    with no rows, an exact multiple of block_m, and fewer rows than one tail block."""
+    from harness.backends.triton_emulation import TritonEmulationBackend, split_tail_blocks
+
+    counts = [0, 64, 5, 37, 100, 16]  # rows of experts 0-5 (in pairs)
+    ids = torch.cat([torch.full((c,), e) for e, c in enumerate(counts)])
+    ids = ids[torch.randperm(len(ids), generator=torch.Generator().manual_seed(3))].reshape(-1, 1)
+    p, num_experts = ids.numel(), len(counts)
+    for tail_m, block_m in ((16, 32), (16, 64), (32, 64)):
+        rows, experts = TritonEmulationBackend._align_torch(ids, num_experts, tail_m)
+        got = split_tail_blocks(rows, experts, tail_m, block_m, num_experts, p)
+        want = _tail_blocks_by_loop(rows, experts, tail_m, block_m, num_experts, p)
+        for (g_rows, g_experts), w_blocks, width in zip(got, want, (block_m, tail_m)):
+            assert g_rows.numel() == g_experts.numel() * width and g_rows.dtype == g_experts.dtype == torch.int32
+            used = [(e, g_rows[i * width:(i + 1) * width].tolist()) for i, e in enumerate(g_experts.tolist()) if e >= 0]
+            assert used == w_blocks, (tail_m, block_m)
+            assert g_experts[len(used):].eq(-1).all() and g_rows[len(used) * width:].eq(p).all()
+        seen = torch.cat([r[r < p] for r, _ in got])
+        assert torch.equal(seen.sort().values, torch.arange(p, dtype=torch.int32))
+
+
+def test_tail_blocks_give_the_same_bits():
+    """tail_m: each expert's rows in blocks of block_m plus tail blocks of tail_m rows, two launches a GEMM, give bit
+    for bit the outputs of one launch of tail_m-row blocks (a tile's rows do not meet in the K reduction), on the
+    dequantizing loop (bf16, MXFP4 weights), the bit-placement loop (NVFP4 W4A4, GEMM1's epilogue quantizing) and
+    prefill by TMA."""
+    from harness.backends import load_backend
+    from harness.core.conformance import Shape, backend_shape, case_checkpoint, case_inputs
+
+    for kernel, scheme, more in (("triton_emulation", "bf16", {}), ("triton_emulation", "w_mxfp4", {}),
+                                 ("triton_bitplace", "w_nvfp4_a_nvfp4", {}), ("triton_emulation", "bf16", dict(tma=1))):
+        outs = []
+        for tiles in (dict(block_m=16), dict(block_m=32, tail_m=16)):
+            backend = load_backend(kernel).configure(block_n=64, block_k=128 if "bitplace" in kernel else 64,
+                                                     num_warps=4, num_stages=2, **tiles, **more)
+            shape = backend_shape(backend, Shape(num_experts=3, hidden_size=128, intermediate_size=96, tokens=50,
+                                                 top_k=2))
+            ckpt = case_checkpoint(scheme, "SWIGLUOAI", "e4m3fn", shape, seed=9, bias=True)
+            x, w, ids = case_inputs(shape, 4)
+            outs.append(backend.forward(backend.prepare(ckpt), x, w, ids))
+        assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16)), (kernel, scheme, more)
+        assert outs[0].abs().sum() > 0
+        assert set(backend.last_launch) >= {"w13", "w2", "w13_tail", "w2_tail"}
+
+
+def test_launch_parameters_that_cannot_work_are_refused_by_name():
+    """tail_m that does not divide block_m, tail_m with split-K (its epilogue runs over every pair of the GEMM, half
+    of them the other launch's), and TMA activations in the bit-placement loop at 128 rows (wrong outputs on the H200,
+    results/gpu-issue28/run-17): a ValueError naming the parameter, never a launch."""
+    from harness.backends import load_backend
+    from harness.core.conformance import Shape, backend_shape, case_checkpoint, case_inputs
+
+    for kernel, tiles, match in (("triton_emulation", dict(block_m=32, tail_m=24), "tail_m must"),
+                                 ("triton_emulation", dict(block_m=32, tail_m=32), "tail_m must"),
+                                 ("triton_bitplace", dict(block_m=32, tail_m=16, split_k=2), "tail_m 16"),
+                                 ("triton_bitplace", dict(block_m=128, tma=1), "tma 1 with the bit-placement loop")):
+        backend = load_backend(kernel).configure(block_n=64, block_k=128, num_warps=4, num_stages=2, **tiles)
+        shape = backend_shape(backend, Shape(num_experts=3, hidden_size=128, intermediate_size=96, tokens=20, top_k=2))
+        ckpt = case_checkpoint("w_mxfp4", "SILU", "e4m3fn", shape, seed=1, bias=False)
+        x, w, ids = case_inputs(shape, 2)
+        with pytest.raises(ValueError, match=match):
+            backend.forward(backend.prepare(ckpt), x, w, ids)

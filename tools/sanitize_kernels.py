@@ -26,6 +26,10 @@ CASES = [("bf16", "SILU"), ("w_mxfp4", "SWIGLUOAI"), ("w_mxfp4_a_mxfp4", "SITU")
          ("w_mxfp6_e3m2_a_fp8", "SILU")]
 
 
+_PREFILL_BF16_TMA = dict(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4, group_m=8, tma=1)
+_PREFILL_FP4_TMA = dict(block_m=64, block_n=64, block_k=128, num_warps=4, num_stages=3, group_m=8, tma=1)
+
+
 def _bitplace(**switches):
     """triton_bitplace with issue 28's switches set (row_pairs, gluon)."""
     from harness.backends.triton_bitplace import TritonBitplaceBackend
@@ -104,7 +108,17 @@ def main() -> int:
                                                                   num_stages=2, split_k=3, pdl=2, persistent=1),
                                   "w_nvfp4", "SWIGLUOAI"),
                                  (_bitplace(gluon=True).configure(block_m=16, block_n=128, block_k=128, num_warps=4,
-                                                                  num_stages=3, persistent=1), "w_mxfp4", "SILU")):
+                                                                  num_stages=3, persistent=1), "w_mxfp4", "SILU"),
+                                 # prefill by TMA (tiles' tma 1): block-gathered activation boxes, K's tail and
+                                 # rows past the tensor zero-filled; bf16 weights interleaved (one 256-row box) and
+                                 # in halves; the bit-placement loop's activations
+                                 (TritonEmulationBackend().configure(**_PREFILL_BF16_TMA), "bf16", "SWIGLUOAI"),
+                                 (TritonEmulationBackend().configure(**_PREFILL_BF16_TMA), "bf16", "SILU"),
+                                 (_bitplace().configure(**_PREFILL_FP4_TMA), "w_mxfp4", "SWIGLUOAI"),
+                                 (_bitplace().configure(**_PREFILL_FP4_TMA), "w_nvfp4_a_nvfp4", "SILU"),
+                                 # tail_m: no expert fills a 32-row block here, every row in the tail launch
+                                 (TritonEmulationBackend().configure(**{**_PREFILL_BF16_TMA, "block_m": 32},
+                                                                     tail_m=16), "bf16", "SWIGLUOAI")):
         ckpt = make_checkpoint(scheme, act, tail.num_experts, tail.hidden_size, tail.intermediate_size, seed=1,
                                with_bias=act == "SWIGLUOAI")
         x, w, ids = case_inputs(tail, 1)

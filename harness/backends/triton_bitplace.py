@@ -48,10 +48,16 @@ NVFP4_EXPONENT_ADD = os.environ.get("MOE_CONFORMANCE_NVFP4_EXPONENT_ADD", "1") =
 # tiles, 4 stages, 8 warps (two warpgroups on one activation tile, 128 or 256 rows), mma_steps 2 and maxnreg 96 were
 # slower or no faster at every point. Prefill (results/gpu-issue28/run-14, 8192 tokens): the tiles in groups of 8 row
 # blocks (group_m; MXFP4 gpt-oss-120b 35.1 -> 42.3% of dense bf16, Kimi-K2 36.0 -> 41.4%); 128 rows a tile won the
-# MXFP4 sweep on gpt-oss-120b (45.9%) but lost NVFP4 (W4A4 35.4 -> 27.1%, Kimi-K2 37.6 -> 29.6%) in make bench.
+# MXFP4 sweep on gpt-oss-120b (45.9%) but lost NVFP4 (W4A4 35.4 -> 27.1%, Kimi-K2 37.6 -> 29.6%) in make bench:
+# padding, Kimi-K2's 171 rows an expert fill 67% of two 128-row blocks. With tail_m 64 (each expert's rows in 128-row
+# blocks and one 64-row tail block, split_tail_blocks): MXFP4 in make bench (results/gpu-issue28/run-17) 40.1 -> 46.5%
+# (gpt-oss-120b), 41.6 -> 45.6% (Kimi-K2). NVFP4 keeps 64 rows: at 128 rows and tail_m 64 its sweep was no faster
+# (Kimi-K2 W4A4 38.7 -> 38.0%, results/gpu-issue28/run-16); what looked faster there read its activations by TMA at 128
+# rows, which gives wrong outputs at Kimi-K2's shape (run-17; refused, _gemm). (max pairs, weight kinds or None, tiles).
 BITPLACE_TILES = (
-    (1024, dict(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=3, split_k_programs=512)),
-    (1 << 62, dict(block_m=64, block_n=64, block_k=128, num_warps=4, num_stages=3, group_m=8)),
+    (1024, None, dict(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=3, split_k_programs=512)),
+    (1 << 62, (NVFP4,), dict(block_m=64, block_n=64, block_k=128, num_warps=4, num_stages=3, group_m=8)),
+    (1 << 62, None, dict(block_m=128, block_n=64, block_k=128, num_warps=4, num_stages=3, group_m=8, tail_m=64)),
 )
 
 
@@ -92,8 +98,8 @@ class TritonBitplaceBackend(TritonEmulationBackend):
             return tiles
         if triton_kernels.INTERPRET:
             return dict(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=2)
-        for max_pairs, cfg in BITPLACE_TILES:
-            if n_pairs <= max_pairs:
+        for max_pairs, kinds, cfg in BITPLACE_TILES:
+            if n_pairs <= max_pairs and (kinds is None or weight_kind in kinds):
                 return dict(cfg)
         raise AssertionError("BITPLACE_TILES ends with a catch-all row")
 

@@ -81,7 +81,7 @@ class Prepared:
 FUSED_ALIGN_MAX_PAIRS = 1024
 
 TILE_KEYS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "w2_block_n", "maxnreg", "mma_steps",
-             "split_k", "mma_overlap", "w2_mma_overlap", "pdl", "persistent", "group_m", "tma")
+             "split_k", "mma_overlap", "w2_mma_overlap", "pdl", "persistent", "group_m", "tma", "tail_m")
 # optional keys: w2_block_n (GEMM2's N tile where it differs from GEMM1's), maxnreg (a register cap per thread, so
 # that more programs fit on a multiprocessor; 0 = the compiler's choice), mma_steps (triton_bitplace: MMA steps per
 # 128-value chunk, 1 or 2; 2 holds half the decoded tile in registers), split_k (triton_bitplace: the K chunks
@@ -94,20 +94,26 @@ TILE_KEYS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "w2_blo
 # results/gpu-issue28/run-13), group_m
 # (moe_gemm_kernel: the tiles in groups of this many row blocks, each group's N blocks in turn, so that the programs
 # resident together share activation rows and weight columns through L2; triton_kernels.grouped_tile_order; 0 = row
-# blocks fastest), tma (moe_gemm_kernel: the activation rows gathered block by block into a copy that TMA boxes read,
-# gather_block_rows, and bf16 weights by TMA too: _k_loop_tma; the bit-placement loop's activations likewise;
-# opt-in, not yet run on a GPU). A table row may give
+# blocks fastest), tma (moe_gemm_kernel: 1 the activation rows gathered block by block into a copy that TMA boxes read,
+# gather_block_rows, and bf16 weights by TMA too: _k_loop_tma; the bit-placement loop's activations likewise; 2 the
+# bf16 weights only, the activations by pointers, no copy), tail_m (each expert's rows padded to tail_m, not block_m: the
+# blocks of block_m rows in one launch, the tail blocks left, tail_m rows each, in a second one; split_tail_blocks;
+# prefill only, not with split-K). A table row may give
 # split_k_programs instead: split_k then is the fewest splits that give GEMM1 that many programs (split_k_to_fill),
 # and pdl_bytes: pdl 1 where GEMM2's weights of the call (one expert a pair at most) are at most that many bytes,
 # else 2
 # (max pairs, weight kinds or None for any, tiles), first match wins. Decode rows from the H200 sweep
 # of tools/tune_moe.py --quick (results/gpu-issue8/tune.json); prefill rows from its prefill sweep, the bf16 row from
 # results/gpu-issue28/run-14 (8192 tokens, group_m 8: gpt-oss-120b 41.9 -> 48.2% of dense bf16 with 4 stages, Kimi-K2
-# 36.6 -> 41.0%; 64-row and 64-column tiles slower at both).
+# 36.6 -> 41.0%; 64-row and 64-column tiles slower at both), run-15 / run-16 (both operands by TMA, 3 stages: 45.2 ->
+# 51.2%, 38.9 -> 44.0%; tail_m 32 / 64 slower: the tail launch streams its experts' weights a second time, and bf16
+# weights are half of the time at Kimi-K2's 171 rows an expert) and run-18 (the weights alone by TMA, tma 2, against
+# both: gpt-oss-120b 4060 -> 3821 us, Kimi-K2 16280 -> 16551 us, and no gathered copy of the activations: 1.6 GB at
+# Kimi-K2's 8192 tokens).
 TILE_TABLE = (
     (1024, (None,), dict(block_m=16, block_n=32, block_k=128, num_warps=4, num_stages=4)),  # bf16 weights
     (1024, None, dict(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=3)),
-    (1 << 62, (None,), dict(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4, group_m=8)),
+    (1 << 62, (None,), dict(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3, group_m=8, tma=2)),
     (1 << 62, None, dict(block_m=128, block_n=64, block_k=64, num_warps=8, num_stages=3, group_m=8)),
 )
 
@@ -117,6 +123,38 @@ def gather_block_rows(a: torch.Tensor, sorted_rows: torch.Tensor, n_pairs: int, 
     sorted_rows[b x BLOCK_M + i]), so that one TMA box reads a block's rows; a padding slot (pair id n_pairs)
     copies the last pair's row, whose products no output of the slot stores."""
     return a.index_select(0, sorted_rows.clamp(max=n_pairs - 1) // a_row_div)
+
+
+def split_tail_blocks(sorted_rows: torch.Tensor, block_expert: torch.Tensor, tail_m: int, block_m: int,
+                      num_experts: int, n_pairs: int):
+    """_align's blocks of tail_m rows regrouped for two launches: (sorted_rows, block_expert) of the blocks of
+    block_m rows (each a run of block_m / tail_m consecutive small blocks of one expert) and of the tail blocks that
+    are left (fewer than block_m / tail_m an expert), both in _align's layout (padding slots n_pairs, unused blocks
+    expert -1) and sized for the worst case on the device, so that nothing is read back to the host. Each expert's
+    rows are then padded to a multiple of tail_m, not of block_m, while most rows run in the big tiles: Kimi-K2's
+    171 rows an expert at 8192 tokens fill 67% of two 128-row blocks, 89% of one 128-row and one 64-row block."""
+    ratio = block_m // tail_m
+    dev = block_expert.device
+    be = block_expert.long()
+    counts = torch.zeros(num_experts, dtype=torch.long, device=dev).scatter_add_(0, be.clamp(min=0), (be >= 0).long())
+    start = torch.cumsum(counts, 0) - counts  # an expert's first small block (_align lays experts out in order)
+    big, tail = counts // ratio, counts % ratio
+    small_rows = sorted_rows.view(-1, tail_m)
+    n_small = small_rows.shape[0]
+
+    def regroup(per_expert, n_slots, first_small, width):
+        end = torch.cumsum(per_expert, 0)
+        slot = torch.arange(n_slots, device=dev)
+        e = torch.searchsorted(end, slot, right=True).clamp(max=num_experts - 1)
+        used = slot < end[-1]
+        first = first_small(e, slot - (end[e] - per_expert[e]))
+        idx = (first[:, None] + torch.arange(width, device=dev)).clamp(max=n_small - 1)
+        rows = torch.where(used[:, None, None], small_rows[idx], n_pairs).reshape(-1)
+        return rows.to(torch.int32), torch.where(used, e, -1).to(torch.int32)
+
+    big_blocks = regroup(big, n_small // ratio, lambda e, j: start[e] + j * ratio, ratio)
+    tail_blocks = regroup(tail, min(n_small, (ratio - 1) * num_experts), lambda e, j: start[e] + big[e] * ratio + j, 1)
+    return big_blocks, tail_blocks
 
 
 class TritonEmulationBackend:
@@ -233,26 +271,39 @@ class TritonEmulationBackend:
         # both store nvfp4_quantize_kernel's values
         fold_nvfp4 = self.fold_epilogues and aq is not None and aq.kind is NVFP4
         a1 = torch.empty(t, h, dtype=torch.bfloat16, device=dev) if fold_nvfp4 and p <= FUSED_ALIGN_MAX_PAIRS else None
-        sorted_rows, block_expert = self._align(topk_ids, ckpt.num_experts, tiles["block_m"],
+        tail_m = tiles.get("tail_m") or 0
+        sorted_rows, block_expert = self._align(topk_ids, ckpt.num_experts, tail_m or tiles["block_m"],
                                                 nvfp4=None if a1 is None else (x.contiguous(), prepared.a1_scale, a1),
                                                 pdl=bool(tiles.get("pdl")))
+        # (sorted rows, block experts, tiles) of each launch of a GEMM: one, or the big blocks then the tails
+        if tail_m:
+            if tail_m >= tiles["block_m"] or tiles["block_m"] % tail_m or tail_m < 16:
+                raise ValueError(f"tail_m must be at least 16, below block_m and divide it; got tail_m {tail_m}, "
+                                 f"block_m {tiles['block_m']}")
+            big, tail = split_tail_blocks(sorted_rows, block_expert, tail_m, tiles["block_m"], ckpt.num_experts, p)
+            launches = [(*big, tiles), (*tail, {**tiles, "block_m": tail_m})]
+        else:
+            launches = [(sorted_rows, block_expert, tiles)]
         if a1 is None:
             a1, a1_mode, a1_scale = self._quantize_activation(x, prepared.a1_scale, aq, fp8_fmt)
         else:
             a1_mode, a1_scale = 1, prepared.a1_scale.reshape(1)
         y = torch.empty(p, isz, dtype=torch.bfloat16, device=dev)
-        if self._gemm(prepared, "w13", a1, a1_mode, a1_scale, y, sorted_rows, block_expert, topk_ids, a_row_div=k,
-                      n_out=isz, k_dim=h, apply_act=True, tiles=tiles,
-                      quantize_nvfp4=prepared.a2_scale if fold_nvfp4 else None):
+        quantized = [self._gemm(prepared, "w13", a1, a1_mode, a1_scale, y, rows, experts, topk_ids, a_row_div=k,
+                                n_out=isz, k_dim=h, apply_act=True, tiles=launch_tiles,
+                                quantize_nvfp4=prepared.a2_scale if fold_nvfp4 else None, tail=i > 0)
+                     for i, (rows, experts, launch_tiles) in enumerate(launches)]
+        if all(quantized):
             a2, a2_mode, a2_scale = y, 1, prepared.a2_scale.reshape(1)
         else:
             a2, a2_mode, a2_scale = self._quantize_activation(y, prepared.a2_scale, aq, fp8_fmt)
         z = torch.empty(p, h, dtype=torch.bfloat16, device=dev)
         out = torch.empty(t, h, dtype=torch.bfloat16, device=dev)
-        summed = self._gemm(prepared, "w2", a2, a2_mode, a2_scale, z, sorted_rows, block_expert, topk_ids,
-                            a_row_div=1, n_out=h, k_dim=isz, apply_act=False, tiles=tiles,
-                            topk_sum=(topk_weights, out) if self.fold_epilogues else None)
-        if not summed:
+        summed = [self._gemm(prepared, "w2", a2, a2_mode, a2_scale, z, rows, experts, topk_ids, a_row_div=1,
+                             n_out=h, k_dim=isz, apply_act=False, tiles=launch_tiles, tail=i > 0,
+                             topk_sum=(topk_weights, out) if self.fold_epilogues and len(launches) == 1 else None)
+                  for i, (rows, experts, launch_tiles) in enumerate(launches)]
+        if not all(summed):
             K.topk_reduce_kernel[(t, triton_cdiv(h, TOPK_BLOCK_H))](z, topk_weights, out, h, **SEPARATE_ROUNDINGS,
                                                                    TOP_K=k,
                                                                    BLOCK_H=TOPK_BLOCK_H)
@@ -429,10 +480,11 @@ class TritonEmulationBackend:
         return sorted_rows, block_expert
 
     def _gemm(self, prep: Prepared, which: str, a, a_mode, a_scale, out, sorted_rows, block_expert, topk_ids,
-              a_row_div, n_out, k_dim, apply_act, tiles, topk_sum=None, quantize_nvfp4=None) -> bool:
+              a_row_div, n_out, k_dim, apply_act, tiles, topk_sum=None, quantize_nvfp4=None, tail=False) -> bool:
         """One grouped GEMM into `out`; its epilogue may do the next step too (True returned):
         quantize_nvfp4=tensor scale (GEMM1): out holds the next GEMM's NVFP4 activation values;
-        topk_sum=(topk_weights, out_tokens) (GEMM2, split-K): the top-k sum into out_tokens (out untouched)."""
+        topk_sum=(topk_weights, out_tokens) (GEMM2, split-K): the top-k sum into out_tokens (out untouched).
+        tail: the launch of the tail blocks (tiles' tail_m), recorded under "w13_tail" / "w2_tail"."""
         ckpt = prep.ckpt
         wq = ckpt.scheme.weight
         act = ckpt.activation
@@ -465,8 +517,15 @@ class TritonEmulationBackend:
         gated = bool(apply_act and act.gated)
         if tiles.get("tma") and not partials and not self.use_dot_scaled and k_dim % 8 == 0:
             # TMA boxes need 16-byte row strides (K % 8 bf16); the bit-placement loop reads 128 / mma_steps columns
+            if bitplace and tiles["block_m"] > 64 and tiles["tma"] == 1:
+                # compiled for sm90 by Triton 3.6 this gave wrong outputs on the H200 at Kimi-K2's shape (MXFP4: 6.5% of
+                # them; NVFP4: not finite), right ones at gpt-oss-120b's and at 64 rows (results/gpu-issue28/run-17,
+                # nan_probe.py); not understood, so refused rather than run
+                raise ValueError(f"tma 1 with the bit-placement loop takes block_m <= 64, got {tiles['block_m']}: at "
+                                 "128 rows its TMA activations gave wrong outputs on the H200 (results/gpu-issue28/"
+                                 "run-17)")
             w_tma = not bitplace and wq is None and a_mode != 2 and block_scale is None
-            if bitplace or w_tma:
+            if (bitplace or w_tma) and tiles["tma"] == 1:  # 2: the weights only, the activations by pointers
                 box_k = 128 // (tiles.get("mma_steps") or 1) if bitplace else tiles["block_k"]
                 a_arg = TensorDescriptor.from_tensor(gather_block_rows(a, sorted_rows, n_pairs, a_row_div),
                                                      [tiles["block_m"], box_k])
@@ -480,12 +539,16 @@ class TritonEmulationBackend:
                       GATED=gated, INTERLEAVED=act.interleaved, ACT=_ACT_IDS[act.formula],
                       APPLY_ACT=apply_act, HAS_LIMIT=act.limit is not None)
         scalars = (float(act.alpha), float(act.beta), float(act.beta_lin), float(act.limit or 0.0))
-        self.last_launch[which] = (grid, tiles)
+        if tiles.get("tail_m") and (split_k > 1 or partials):  # their epilogues run over every pair of the GEMM
+            raise ValueError(f"tail_m {tiles['tail_m']} (a GEMM in two launches) with split_k {split_k} or a "
+                             "partial-sums kernel: the split-K epilogue would read the other launch's pairs unwritten")
+        key = which + "_tail" if tail else which
+        self.last_launch[key] = (grid, tiles)
         if partials:  # a subclass's own kernel writes the fp32 partial sums; the epilogue below is the same
-            self.last_compiled[which] = partials(a, target, sorted_rows, block_expert, n_pairs, a_row_div, n_out,
+            self.last_compiled[key] = partials(a, target, sorted_rows, block_expert, n_pairs, a_row_div, n_out,
                                                  n_rows, k_dim, bool(apply_act and act.gated), split_k)
         else:
-            self.last_compiled[which] = K.moe_gemm_kernel[grid](
+            self.last_compiled[key] = K.moe_gemm_kernel[grid](
                 a_arg, a_scale if a_mode else dummy, w_arg, ws if ws is not None else dummy,
                 block_scale if block_scale is not None else dummy, expert_scale if expert_scale is not None else dummy,
                 bias if bias is not None else dummy, target, sorted_rows, block_expert, n_pairs, a_row_div, n_out, n_rows,

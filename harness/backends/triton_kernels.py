@@ -667,26 +667,48 @@ def _k_loop(a_ptr, a_scale_ptr, w_ptr, ws_ptr, w_block_scale_ptr, expert, a_row,
             pg = pg * swg[None, :]
             pu = pu * swu[None, :]
         acc_g += pg
-        acc_u += pu
+        # ungated, pg added into acc_u too had two uses: compiled, each K step's MMA then started from zero and was
+        # added in fp32, where _k_loop_tma's and every gated loop's MMAs chain on the accumulator (the matrix units'
+        # truncating sums, harness.platforms' mma_truncation): GEMM2 differed by TMA or not at 0.2% of its bf16
+        # outputs (results/gpu-issue28/run-16). One use: chained too, the same bits, and fp32 adds fewer.
+        if GATED:
+            acc_u += pu
+    if not GATED:
+        acc_u = acc_g
     return acc_g, acc_u
 
 
 @_device
-def _k_loop_tma(a_desc, w_desc, expert, a_row0, n0, N_OUT, N_ROWS, K, GATED: tl.constexpr, INTERLEAVED: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRET_DOT: tl.constexpr):
-    """_k_loop for bf16 weights, both operands by TMA: a_desc over the block-gathered activation rows [blocks x
-    BLOCK_M, K] (the block's rows at a_row0), w_desc over the weights as [E x N_ROWS, K]; K's tail and rows past
-    the tensor read as zeros (a tile's rows past N_OUT belong to the next rows or expert: their outputs are not
-    stored). Gate and up rows interleaved (2n, 2n + 1): one [2 BLOCK_N, BLOCK_K] box and one MMA a step, the
-    accumulator's even and odd columns split after the loop; each output element is the same K reduction of the same
-    products as _k_loop's two MMAs."""
+def _a_tile(a_desc, a_row0, a_row, m_mask, k0, K, A_TMA: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One K step of the activation rows: a TMA box of the block-gathered copy, or the block's rows gathered by
+    pointers (masked: padding rows and K's tail read zeros, as the box's past the tensor)."""
+    if A_TMA:  # one return for both (the compiler types the branches apart only as if / else)
+        a = a_desc.load([a_row0, k0])
+    else:
+        k_offs = k0 + tl.arange(0, BLOCK_K)
+        a = tl.load(a_desc + a_row[:, None] * K + k_offs[None, :], mask=m_mask[:, None] & (k_offs < K)[None, :],
+                    other=0.0)
+    return a
+
+
+@_device
+def _k_loop_tma(a_desc, w_desc, expert, a_row0, a_row, m_mask, n0, N_OUT, N_ROWS, K, GATED: tl.constexpr,
+                INTERLEAVED: tl.constexpr, A_TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_K: tl.constexpr, INTERPRET_DOT: tl.constexpr):
+    """_k_loop for bf16 weights by TMA: w_desc over the weights as [E x N_ROWS, K]; the activations by TMA too
+    (A_TMA: a_desc over the block-gathered activation rows [blocks x BLOCK_M, K], the block's rows at a_row0) or by
+    pointers (a_desc the activations' pointer, a_row and m_mask the block's rows); K's tail and rows past the tensor
+    read as zeros (a tile's rows past N_OUT belong to the next rows or expert: their outputs are not stored). Gate and
+    up rows interleaved (2n, 2n + 1): one [2 BLOCK_N, BLOCK_K] box and one MMA a step, the accumulator's even and odd
+    columns split after the loop; each output element is the same K reduction of the same products as _k_loop's two
+    MMAs."""
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     wrow = expert * N_ROWS  # TMA coordinates are 32-bit (Kimi-K2's 384 x 4096 rows fit)
     if GATED and INTERLEAVED:
         acc = tl.zeros((BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
-            a = a_desc.load([a_row0, k0])
+            a = _a_tile(a_desc, a_row0, a_row, m_mask, k0, K, A_TMA, BLOCK_K)
             w = w_desc.load([wrow + 2 * n0, k0])
             if INTERPRET_DOT:
                 a = bf16_to_f32(a)
@@ -695,7 +717,7 @@ def _k_loop_tma(a_desc, w_desc, expert, a_row0, n0, N_OUT, N_ROWS, K, GATED: tl.
         acc_g, acc_u = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N, 2)))
     else:
         for k0 in range(0, K, BLOCK_K):
-            a = a_desc.load([a_row0, k0])
+            a = _a_tile(a_desc, a_row0, a_row, m_mask, k0, K, A_TMA, BLOCK_K)
             wg = w_desc.load([wrow + n0, k0])
             if INTERPRET_DOT:
                 a = bf16_to_f32(a)
@@ -738,7 +760,8 @@ def moe_gemm_kernel(
     fastest. Every tile is computed alike either way (the same bits); only which tiles run at once changes.
     A_TMA: a_ptr is a TMA descriptor over the activation rows gathered block by block (row pid_m x BLOCK_M + i is
     the block's pair i; gather_block_rows), boxes [BLOCK_M, the K step] (the bit-placement loop and W_TMA's);
-    W_TMA (bf16 weights, with A_TMA): w_ptr a descriptor over [E x N_ROWS, K], _k_loop_tma."""
+    W_TMA (bf16 weights): w_ptr a descriptor over [E x N_ROWS, K], _k_loop_tma (the activations by A_TMA or by
+    pointers)."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     if GROUP_M > 0:
@@ -797,10 +820,10 @@ def moe_gemm_kernel(
         acc_g = tl.trans(acc_gt)
         acc_u = tl.trans(acc_ut) if GATED else acc_g
     elif W_TMA:
-        tl.static_assert(A_TMA and W_KIND == 0 and A_SCALE != 2 and not W_BLOCK_SCALE and not DOT_SCALED,
-                         "TMA weights: bf16, the activations by TMA too, no per-step scales")
-        acc_g, acc_u = _k_loop_tma(a_ptr, w_ptr, expert, pid_m * BLOCK_M, pid_n * BLOCK_N, N_OUT, N_ROWS, K, GATED,
-                                   INTERLEAVED, BLOCK_M, BLOCK_N, BLOCK_K, INTERPRET_DOT)
+        tl.static_assert(W_KIND == 0 and A_SCALE != 2 and not W_BLOCK_SCALE and not DOT_SCALED,
+                         "TMA weights: bf16, no per-step scales")
+        acc_g, acc_u = _k_loop_tma(a_ptr, w_ptr, expert, pid_m * BLOCK_M, a_row, m_mask, pid_n * BLOCK_N, N_OUT,
+                                   N_ROWS, K, GATED, INTERLEAVED, A_TMA, BLOCK_M, BLOCK_N, BLOCK_K, INTERPRET_DOT)
     else:
         tl.static_assert(not A_TMA, "the dequantizing loop gathers its activation rows itself")
         acc_g, acc_u = _k_loop(a_ptr, a_scale_ptr, w_ptr, ws_ptr, w_block_scale_ptr, expert, a_row, m_mask, g_row,
