@@ -122,7 +122,7 @@ def test_the_routing_launch_quantizes_gemm1_s_nvfp4_input_bit_for_bit():
     assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
 
 
-def test_the_kernels_a_forward_launches_compile_for_sm90_without_a_gpu():
+def test_the_kernels_a_forward_launches_compile_for_sm90_without_a_gpu(tmp_path):
     """The interpreter runs a kernel's Python, not the compiler: harness.backends.compile_check records the launches
     of forwards (nothing runs) and compiles each for sm90 with the installed Triton's ptxas, so that a kernel that
     cannot compile (a loop-carried variable changing type: moe_align_kernel's NVFP4 programs once did; returns of
@@ -132,7 +132,10 @@ def test_the_kernels_a_forward_launches_compile_for_sm90_without_a_gpu():
       GEMM1's own NVFP4 epilogue), every Triton backend;
     - prefill by TMA (tma 1): bf16 weights interleaved (one 256-row box) and in halves, 8 warps, 4 stages; the
       bit-placement loop's activations (MXFP4, NVFP4 W4A4); bf16 weights alone (tma 2); 128-row blocks with 64-row
-      tails (tail_m);
+      tails (tail_m); persistent grids (one flattened loop over the tiles), bf16 by TMA with GEMM2 at 256 columns and
+      the bit-placement loop with tails;
+    and that ptxas serialized the asynchronous MMAs (its warning C7515, a silent slowdown) in none of them but the
+    opt-in persistent grids;
     - the warp-specialised Gluon decode GEMM (harness/backends/gluon_kernels.py): GEMM1 gated, GEMM2 not, MXFP4 and
       NVFP4 (and NVFP4 W4A4: the epilogues apply its scale and quantize GEMM2's input), in each of the consumer's
       three schedules, with one and two consumer warpgroups a program, its layout conversions to the wgmma operand
@@ -160,6 +163,10 @@ def test_the_kernels_a_forward_launches_compile_for_sm90_without_a_gpu():
     tails = [f"triton_emulation/bf16/SWIGLUOAI@{bf16_tma},tail_m=64",
              "triton_bitplace/w_nvfp4_a_nvfp4/SILU@block_m=128,block_n=64,block_k=128,num_warps=4,num_stages=3,group_m=8,"
              "tail_m=64,tokens=2048"]
+    # persistent grids of moe_gemm_kernel (one flattened loop over the used blocks' tiles): bf16 by TMA, tails
+    persistent = [f"triton_emulation/bf16/SILU@{bf16_tma.replace('tma=1', 'tma=2')},persistent=1,w2_block_n=256",
+                  "triton_bitplace/w_mxfp4/SWIGLUOAI@block_m=128,block_n=64,block_k=128,num_warps=4,num_stages=3,"
+                  "group_m=8,tail_m=64,persistent=2,tokens=2048"]
     gluon = {f"triton_bitplace_gluon/{case}@tokens=1,block_m=16,num_warps=4,mma_overlap={overlap},block_n={block_n},"
              f"pdl={pdl},persistent={persistent},exponent_add={int(block_n == 128)}": pdl
              for overlap, block_n, case, pdl, persistent in (
@@ -170,11 +177,12 @@ def test_the_kernels_a_forward_launches_compile_for_sm90_without_a_gpu():
                  (0, 64, "w_nvfp4_a_nvfp4/SWIGLUOAI", 1, 1))}
     default_gluon = "triton_bitplace_gluon/w_mxfp4/SWIGLUOAI@tokens=1"
     cmd = [sys.executable, "-m", "harness.backends.compile_check", "--tokens", "1", "2048", "--intermediate", "384"]
-    for case in cases + tma + tails + list(gluon) + [default_gluon]:
+    for case in cases + tma + tails + persistent + list(gluon) + [default_gluon]:
         cmd += ["--case", case]
+    # an empty Triton cache, so that ptxas runs for every launch and its log says whether wgmma was serialized
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=Path(__file__).resolve().parents[1],
                          env=dict(os.environ, TRITON_INTERPRET="0", MOE_CONFORMANCE_GLUON_NVFP4="1",
-                                  MOE_CONFORMANCE_GLUON_QUANTIZED_ACT="1"))
+                                  MOE_CONFORMANCE_GLUON_QUANTIZED_ACT="1", TRITON_CACHE_DIR=str(tmp_path)))
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     compiled = {line.split()[1] for line in run.stdout.splitlines() if line.startswith("compiled ")}
     assert compiled >= {"moe_align_kernel", "moe_gemm_kernel", "splitk_epilogue_kernel", "splitk_topk_reduce_kernel",
@@ -185,6 +193,15 @@ def test_the_kernels_a_forward_launches_compile_for_sm90_without_a_gpu():
         assert "moe_gemm_kernel x2" in launched[case], launched[case]
     for case in tails:
         assert "moe_gemm_kernel x4" in launched[case], launched[case]
+    for case in persistent:
+        assert "moe_gemm_kernel x" in launched[case], launched[case]
+    # ptxas keeps every kernel's asynchronous MMAs in flight (compile_check.compile_with_ptxas_log), except in the
+    # opt-in persistent grids: their flattened loop resets the accumulators between MMAs (run-19: 1.1-2x slower)
+    compiled_lines = [line for line in run.stdout.splitlines() if line.startswith("compiled ")]
+    for kernel in ("moe_gemm_kernel", "bitplace_partials_kernel"):  # (a launch Triton's cache had: no ptxas log)
+        assert any(f"compiled {kernel} " in line and " registers, " in line for line in compiled_lines), kernel
+    serialized = [line for line in compiled_lines if "wgmma serialized" in line and "persistent=" not in line]
+    assert not serialized, serialized[:3]
     # both GEMMs by the Gluon kernel; GEMM1, its epilogue, GEMM2 and the top-k sum each a dependent that waits first
     for case, pdl in list(gluon.items()) + [(default_gluon, 1)]:
         assert "bitplace_partials_kernel x2" in launched[case], launched[case]
@@ -374,6 +391,34 @@ def test_tail_blocks_give_the_same_bits():
         assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16)), (kernel, scheme, more)
         assert outs[0].abs().sum() > 0
         assert set(backend.last_launch) >= {"w13", "w2", "w13_tail", "w2_tail"}
+
+
+def test_a_persistent_grid_gives_the_same_bits(monkeypatch):
+    """persistent (moe_gemm_kernel's PERSISTENT): a few programs each computing the used blocks' tiles in turn (their
+    count read on the device) give bit for bit the plain grid's outputs, on the dequantizing loop (bf16, MXFP4
+    weights), the bit-placement loop (NVFP4 W4A4, GEMM1's epilogue quantizing), bf16 weights by TMA, in grouped tile
+    order and with tail blocks (a second work list); two programs on a one-multiprocessor GPU, so that each runs many
+    tiles."""
+    from harness.backends import load_backend, triton_emulation
+    from harness.core.conformance import Shape, backend_shape, case_checkpoint, case_inputs
+
+    monkeypatch.setattr(triton_emulation, "H200_MULTIPROCESSORS", 1)
+    for kernel, scheme, more in (("triton_emulation", "bf16", {}), ("triton_emulation", "w_mxfp4", dict(group_m=2)),
+                                 ("triton_bitplace", "w_nvfp4_a_nvfp4", dict(block_m=32, tail_m=16)),
+                                 ("triton_emulation", "bf16", dict(tma=2, group_m=2))):
+        outs = []
+        for persistent in (0, 2):
+            backend = load_backend(kernel).configure(**{**dict(block_m=16, block_n=64, num_warps=4, num_stages=2,
+                                                               block_k=128 if "bitplace" in kernel else 64), **more},
+                                                     persistent=persistent)
+            shape = backend_shape(backend, Shape(num_experts=3, hidden_size=128, intermediate_size=96, tokens=50,
+                                                 top_k=2))
+            ckpt = case_checkpoint(scheme, "SWIGLUOAI", "e4m3fn", shape, seed=9, bias=True)
+            x, w, ids = case_inputs(shape, 4)
+            outs.append(backend.forward(backend.prepare(ckpt), x, w, ids))
+        assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16)), (kernel, scheme, more)
+        assert outs[0].abs().sum() > 0
+        assert backend.last_launch["w13"][0] == (2,), backend.last_launch["w13"]
 
 
 def test_launch_parameters_that_cannot_work_are_refused_by_name():

@@ -141,6 +141,27 @@ def main() -> int:
         torch.cuda.synchronize()
         print(backend.name, "gluon GEMM2 two steps an iteration, split", split, tuple(out.shape),
               bool(torch.isfinite(out).all()))
+    # persistent grids of moe_gemm_kernel (tiles' persistent): 2 programs (a one-multiprocessor GPU, as far as the
+    # launch knows), each looping over many tiles, the used blocks' count read on the device; with tails and by TMA
+    from harness.backends import triton_emulation
+
+    real_multiprocessors = triton_emulation.multiprocessors
+    triton_emulation.multiprocessors = lambda dev: 1
+    try:
+        for backend, scheme, act in (
+                (TritonEmulationBackend().configure(**{**_PREFILL_BF16_TMA, "block_m": 32, "tma": 2}, persistent=2),
+                 "bf16", "SWIGLUOAI"),
+                (_bitplace().configure(block_m=32, block_n=64, block_k=128, num_warps=4, num_stages=3, group_m=2,
+                                       tail_m=16, persistent=2), "w_nvfp4_a_nvfp4", "SILU")):
+            ckpt = make_checkpoint(scheme, act, tail.num_experts, tail.hidden_size, tail.intermediate_size, seed=1,
+                                   with_bias=act == "SWIGLUOAI")
+            x, w, ids = case_inputs(Shape(num_experts=4, hidden_size=160, intermediate_size=96, tokens=40, top_k=2), 1)
+            out = backend.forward(backend.prepare(ckpt), x.cuda(), w.cuda(), ids.cuda())
+            torch.cuda.synchronize()
+            print(backend.name, scheme, act, "persistent", backend.last_launch["w13"][0], tuple(out.shape),
+                  bool(torch.isfinite(out).all()))
+    finally:
+        triton_emulation.multiprocessors = real_multiprocessors
     x = torch.randn(33, 128, device="cuda")
     b.quantize_mx(x, E2M1, ScaleMode.RCEIL)
     b.quantize_nvfp4(x, torch.tensor(0.01))

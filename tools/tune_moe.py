@@ -30,10 +30,14 @@ DECODE = [dict(block_m=16, block_n=n, block_k=k, num_warps=w, num_stages=s)
 # group_m: the tiles in groups of that many row blocks (triton_kernels.grouped_tile_order; 0 the plain order); tma 1:
 # the block-gathered activation rows (and bf16 weights) by TMA (moe_gemm_kernel's A_TMA / W_TMA), 2 the bf16 weights
 # alone (no gathered copy); tail_m: each
-# expert's rows padded to that many, not block_m, its last rows in a second launch of tail_m-row blocks (0: one launch)
-PREFILL = [dict(block_m=m, block_n=n, block_k=k, num_warps=w, num_stages=s, group_m=g, tma=t, tail_m=tm)
-           for m, n, k, w, s, g, t, tm in itertools.product((64, 128), (64, 128), (64,), (4, 8), (3, 4), (0, 4, 8, 16),
-                                                            (0, 1, 2), (0, 32, 64)) if tm < m]
+# expert's rows padded to that many, not block_m, its last rows in a second launch of tail_m-row blocks (0: one launch);
+# persistent: that many programs a multiprocessor, each computing tiles in turn (moe_gemm_kernel's PERSISTENT; 0 the
+# plain grid); w2_block_n: GEMM2's N tile where it differs (0: block_n)
+PREFILL = [dict(block_m=m, block_n=n, block_k=k, num_warps=w, num_stages=s, group_m=g, tma=t, tail_m=tm, persistent=p,
+                w2_block_n=n2)
+           for m, n, k, w, s, g, t, tm, p, n2 in itertools.product((64, 128), (64, 128), (64,), (4, 8), (3, 4),
+                                                                   (0, 4, 8, 16), (0, 1, 2), (0, 32, 64), (0, 1, 2),
+                                                                   (0, 256)) if tm < m]
 # triton_bitplace: one 128-value chunk per K step and one warpgroup (its tiles' layout is the wgmma operand's);
 # mma_steps 2 with maxnreg 96 compiles to 96 registers (5 programs per SM instead of 4, no spill in the loop);
 # split_k shares a tile's K chunks among programs (few tokens leave SMs idle: 180 programs at gpt-oss, 1 token);
@@ -58,8 +62,13 @@ GLUON_DECODE = [dict(block_m=16, block_n=n, block_k=128, num_warps=4, num_stages
                      mma_overlap=o, w2_mma_overlap=o2, w2_block_n=n2, pdl=pdl, persistent=ps)
                 for n, s, sk, o, o2, n2, pdl, ps in itertools.product((64, 128), (3, 4, 6), (1, 2, 3, 4), (0, 1),
                                                                       (0, 1, 2), (64, 128), (0, 1, 2), (0, 1))]
-BITPLACE_PREFILL = [dict(block_m=m, block_n=64, block_k=128, num_warps=4, num_stages=s, group_m=g, tma=t, tail_m=tm)
-                    for m, s, g, t, tm in itertools.product((64, 128), (2, 3, 4), (0, 4, 8, 16), (0, 1), (0, 32, 64))
+# prefill: 64 weight rows a program on one warpgroup, or 128 on two (8 warps: the activation tile shared by both, no
+# decode done twice); mma_steps 2 halves the decoded tile held in registers (255 a thread at 128 rows either way)
+BITPLACE_PREFILL = [dict(block_m=m, block_n=n, block_k=128, num_warps=w, num_stages=s, group_m=g, tma=t, tail_m=tm,
+                         persistent=p, mma_steps=k)
+                    for m, (n, w), s, g, t, tm, p, k in itertools.product((64, 128), ((64, 4), (128, 8)), (2, 3, 4),
+                                                                          (0, 4, 8, 16), (0, 1), (0, 32, 64),
+                                                                          (0, 1, 2, 3), (1, 2))
                     if tm < m and not (t and m > 64)]  # tma at 128 rows: refused (wrong outputs, run-17)
 CASES = [("gpt-oss-120b", "w_mxfp4", "triton_dot_scaled"), ("gpt-oss-120b", "w_mxfp4", "triton_emulation"),
          ("gpt-oss-120b", "w_nvfp4", "triton_emulation"), ("gpt-oss-120b", "bf16", "triton_emulation")]

@@ -12,7 +12,8 @@ launch is compiled for the target with the installed Triton's own ptxas.
 A case may carry its own launch parameters after an @ (`triton_bitplace_gluon/w_nvfp4/SILU@block_n=128,pdl=2`):
 tile keys for backend.configure (over --configure's), `tokens` (instead of --tokens) and `exponent_add`
 (triton_bitplace.NVFP4_EXPONENT_ADD for that case), so that many variants compile in one process (each distinct
-launch once). One line a case says what it launched: `case C, T tokens: N launches (name xK, ...), D dependents`.
+launch once). One line a case says what it launched: `case C, T tokens: N launches (name xK, ...), D dependents`;
+one line a compiled launch, with what ptxas said (registers, spill bytes, wgmma serialized: compile_with_ptxas_log).
 
 Must be imported with TRITON_INTERPRET unset or 0 (the kernels are then JIT functions the compiler takes);
 run as a module it sees to that itself. suites/test_triton_helpers.py runs it in a subprocess.
@@ -121,6 +122,33 @@ def compile_launch(fn, args: tuple, kwargs: dict, target=SM90):
     return triton.compile(src, target=GPUTarget(*target), options=options)
 
 
+def compile_with_ptxas_log(fn, args: tuple, kwargs: dict, target=SM90):
+    """compile_launch, and what ptxas said of the machine code: (compiled, "N registers, S spill bytes" plus ", wgmma
+    serialized (ptxas C7515)" where ptxas could not keep the asynchronous MMAs in flight: an instruction other than
+    a wgmma defines accumulator registers while MMAs run, so each waits for the one before: the flattened persistent
+    loop's accumulator reset, results/gpu-issue28/run-19). Empty where the kernel came from Triton's cache (no ptxas
+    run: point TRITON_CACHE_DIR at an empty folder to see it)."""
+    import contextlib
+    import io
+
+    from triton import knobs
+
+    log, dump = io.StringIO(), knobs.nvidia.dump_ptxas_log
+    knobs.nvidia.dump_ptxas_log = True  # Triton prints ptxas -v's log to stdout
+    try:
+        with contextlib.redirect_stdout(log):
+            compiled = compile_launch(fn, args, kwargs, target)
+    finally:
+        knobs.nvidia.dump_ptxas_log = dump
+    text = log.getvalue()
+    registers = re.findall(r"Used (\d+) registers", text)
+    if not registers:
+        return compiled, ""
+    spills = sum(int(b) for b in re.findall(r"(\d+) bytes spill stores", text))
+    serialized = ", wgmma serialized (ptxas C7515)" if "C7515" in text else ""
+    return compiled, f"{max(map(int, registers))} registers, {spills} spill bytes{serialized}"
+
+
 def dependent_launch_violations(ptx: str, kwargs: dict) -> list[str]:
     """A programmatic dependent's PTX against triton_kernels.PDL_ORDER: it waits (griddepcontrol.wait), stores
     nothing before its wait and loads nothing before it but, in GEMM2's mode (PDL 2), its block's expert (one
@@ -192,8 +220,9 @@ def main(argv=None) -> int:
                 seen.add(key)
                 t0 = time.time()
                 try:
-                    compiled = compile_launch(fn, a, kw)
-                    print(f"compiled {name} for sm90 ({time.time() - t0:.1f} s; {case}, {tokens} tokens)", flush=True)
+                    compiled, machine = compile_with_ptxas_log(fn, a, kw)
+                    print(f"compiled {name} for sm90 ({time.time() - t0:.1f} s; {case}, {tokens} tokens"
+                          f"{'; ' + machine if machine else ''})", flush=True)
                     problems = dependent_launch_violations(compiled.asm["ptx"], kw) if kw.get("launch_pdl") else []
                     if problems:
                         failed += 1

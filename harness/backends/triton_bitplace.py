@@ -30,7 +30,7 @@ from reference.quantizers import FP8, MX, NVFP4
 
 from .fp4_bits import E8M0_FOLDABLE_MAX
 from . import triton_kernels
-from .triton_emulation import TritonEmulationBackend, split_k_to_fill
+from .triton_emulation import TritonEmulationBackend, multiprocessors, split_k_to_fill
 
 
 # NVFP4 block factors by an exponent add where every scale of the checkpoint is a normal E4M3 number (triton_kernels.
@@ -53,7 +53,10 @@ NVFP4_EXPONENT_ADD = os.environ.get("MOE_CONFORMANCE_NVFP4_EXPONENT_ADD", "1") =
 # blocks and one 64-row tail block, split_tail_blocks): MXFP4 in make bench (results/gpu-issue28/run-17) 40.1 -> 46.5%
 # (gpt-oss-120b), 41.6 -> 45.6% (Kimi-K2). NVFP4 keeps 64 rows: at 128 rows and tail_m 64 its sweep was no faster
 # (Kimi-K2 W4A4 38.7 -> 38.0%, results/gpu-issue28/run-16); what looked faster there read its activations by TMA at 128
-# rows, which gives wrong outputs at Kimi-K2's shape (run-17; refused, _gemm). (max pairs, weight kinds or None, tiles).
+# rows, which gives wrong outputs at Kimi-K2's shape (run-17; refused, _gemm). Not taken (results/gpu-issue28/run-19,
+# run-20/wide): tail_m 32 (gpt-oss-120b 4246 -> 4143 us, Kimi-K2 15957 -> 17210: each model's remainder of rows an
+# expert wants its own), 2 or 4 stages, mma_steps 2, 128 weight rows a program on two warpgroups (8 warps: Kimi-K2
+# 15451 -> 15175 us, gpt-oss-120b 4135 -> 4441), a persistent grid (2x slower). (max pairs, weight kinds or None, tiles).
 BITPLACE_TILES = (
     (1024, None, dict(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=3, split_k_programs=512)),
     (1 << 62, (NVFP4,), dict(block_m=64, block_n=64, block_k=128, num_warps=4, num_stages=3, group_m=8)),
@@ -355,19 +358,12 @@ GLUON_PDL_BYTES = 25 << 20
 # 32 configs a model): Kimi-K2 GEMM1 128 rows split 2 (512 warpgroups against 256) 88.4 us against 89.6-96.5 at 64;
 # gpt-oss-120b 64 rows for both GEMMs (368 against 360 warpgroups: no gain) 36.6 against 38.7 with GEMM2 at 128
 GLUON_WIDE_GAIN = 1.5
-H200_MULTIPROCESSORS = 132  # compile_check's target, where no GPU answers
 
 
 def gluon_programs_per_sm(block_n: int, maxnreg: int = GLUON_MAXNREG) -> int:
     """Programs a multiprocessor of the Gluon kernel by registers: 64-row consumer warpgroups and the producer warp
     padded to a warpgroup, at the launch's register cap (80: 3 programs at 64 rows, 2 at 128)."""
     return 65536 // (maxnreg * 128 * (1 + block_n // 64))
-
-
-def multiprocessors(dev) -> int:
-    """The GPU's multiprocessors, or the H200's where the launch is not on a GPU (compile_check)."""
-    dev = torch.device(dev)
-    return torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else H200_MULTIPROCESSORS
 
 
 def gluon_programs_at_once(block_n: int, maxnreg: int, stages: int, gated: bool, nvfp4: bool, sms: int) -> int:

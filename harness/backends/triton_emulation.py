@@ -91,7 +91,9 @@ TILE_KEYS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "w2_blo
 # at decode: 1 launches the chain as programmatic dependents, triton_kernels.PDL_ORDER, GEMM2 prefetching its weights
 # into L2 before its wait; 2 likewise without the prefetch), persistent (triton_bitplace_gluon: 1 runs each GEMM as
 # a persistent grid of the programs that fit at once, one ring a program across its work items; opt-in, slower in
-# results/gpu-issue28/run-13), group_m
+# results/gpu-issue28/run-13; moe_gemm_kernel, unsplit: that many programs a multiprocessor, each computing the used
+# blocks' tiles in turn in one loop Triton flattens, PERSISTENT; opt-in: bit for bit, but 1.1-1.3x slower in bf16 and
+# 2x in FP4 prefill on the H200, results/gpu-issue28/run-19), group_m
 # (moe_gemm_kernel: the tiles in groups of this many row blocks, each group's N blocks in turn, so that the programs
 # resident together share activation rows and weight columns through L2; triton_kernels.grouped_tile_order; 0 = row
 # blocks fastest), tma (moe_gemm_kernel: 1 the activation rows gathered block by block into a copy that TMA boxes read,
@@ -109,11 +111,14 @@ TILE_KEYS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "w2_blo
 # 51.2%, 38.9 -> 44.0%; tail_m 32 / 64 slower: the tail launch streams its experts' weights a second time, and bf16
 # weights are half of the time at Kimi-K2's 171 rows an expert) and run-18 (the weights alone by TMA, tma 2, against
 # both: gpt-oss-120b 4060 -> 3821 us, Kimi-K2 16280 -> 16551 us, and no gathered copy of the activations: 1.6 GB at
-# Kimi-K2's 8192 tokens).
+# Kimi-K2's 8192 tokens), run-19 (GEMM2 at 256 columns, w2_block_n: Kimi-K2 16236 -> 15387 us, gpt-oss-120b even;
+# make bench 48.2 -> 51.3% / 44.0 -> 46.5%) and its second sweep (4 stages with it: gpt-oss-120b 3710 -> 3581 us,
+# Kimi-K2 even).
 TILE_TABLE = (
     (1024, (None,), dict(block_m=16, block_n=32, block_k=128, num_warps=4, num_stages=4)),  # bf16 weights
     (1024, None, dict(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=3)),
-    (1 << 62, (None,), dict(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3, group_m=8, tma=2)),
+    (1 << 62, (None,), dict(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4, group_m=8, tma=2,
+                            w2_block_n=256)),
     (1 << 62, None, dict(block_m=128, block_n=64, block_k=64, num_warps=8, num_stages=3, group_m=8)),
 )
 
@@ -535,6 +540,12 @@ class TritonEmulationBackend:
                 w_arg = TensorDescriptor.from_tensor(w.view(-1, k_dim), [rows, tiles["block_k"]])
                 launch_options["W_TMA"] = True
         grid = (block_expert.numel(), triton_cdiv(n_out, block_n), split_k)
+        if tiles.get("persistent") and split_k == 1 and not partials:
+            # persistent programs (tiles' persistent: that many a multiprocessor) over the used blocks' tiles, their
+            # number counted on the device (the blocks past them have expert -1: _align, split_tail_blocks)
+            launch_options["PERSISTENT"] = True
+            launch_options["used_blocks_ptr"] = (block_expert >= 0).sum(dtype=torch.int32).reshape(1)
+            grid = (min(tiles["persistent"] * multiprocessors(out.device), grid[0] * grid[1]),)
         common = dict(A_SCALE=a_mode, HAS_EXPERT_SCALE=expert_scale is not None, HAS_BIAS=bias is not None,
                       GATED=gated, INTERLEAVED=act.interleaved, ACT=_ACT_IDS[act.formula],
                       APPLY_ACT=apply_act, HAS_LIMIT=act.limit is not None)
@@ -600,6 +611,15 @@ def split_k_to_fill(tiles: dict, gemm1_programs: int) -> dict:
     want = tiles["split_k_programs"]
     split = tiles.get("split_k") or next((s for s in (1, 2, 4) if gemm1_programs * s >= want), 4)  # a set one stays
     return {**{k: v for k, v in tiles.items() if k != "split_k_programs"}, "split_k": split}
+
+
+H200_MULTIPROCESSORS = 132  # compile_check's target, where no GPU answers
+
+
+def multiprocessors(dev) -> int:
+    """The GPU's multiprocessors, or the H200's where the launch is not on a GPU (compile_check)."""
+    dev = torch.device(dev)
+    return torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else H200_MULTIPROCESSORS
 
 
 def triton_cdiv(a: int, b: int) -> int:

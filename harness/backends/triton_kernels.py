@@ -745,6 +745,7 @@ def moe_gemm_kernel(
     BITPLACE: tl.constexpr = False, MMA_STEPS: tl.constexpr = 1, SPLIT_K: tl.constexpr = 1,
     ROW_PAIRS: tl.constexpr = False, QUANT_NVFP4: tl.constexpr = False, NV_NORMAL: tl.constexpr = False,
     GROUP_M: tl.constexpr = 0, A_TMA: tl.constexpr = False, W_TMA: tl.constexpr = False,
+    PERSISTENT: tl.constexpr = False, used_blocks_ptr=None,
 ):
     """out[pair, n] for BLOCK_M pairs of one expert (rows of a: pair // a_row_div) x BLOCK_N outputs.
 
@@ -761,15 +762,57 @@ def moe_gemm_kernel(
     A_TMA: a_ptr is a TMA descriptor over the activation rows gathered block by block (row pid_m x BLOCK_M + i is
     the block's pair i; gather_block_rows), boxes [BLOCK_M, the K step] (the bit-placement loop and W_TMA's);
     W_TMA (bf16 weights): w_ptr a descriptor over [E x N_ROWS, K], _k_loop_tma (the activations by A_TMA or by
-    pointers)."""
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    if GROUP_M > 0:
-        pid_m, pid_n = grouped_tile_order(pid_m, pid_n, tl.num_programs(0), tl.num_programs(1), GROUP_M)
-    pid_s = tl.program_id(2)
-    expert = tl.load(block_expert_ptr + pid_m)
-    if expert < 0:  # a block past the used ones (the grid is sized for the worst case)
-        return
+    pointers).
+    PERSISTENT: a grid of one dimension, each program computing the tiles program_id, + num_programs, ... of the
+    used row blocks (their number at used_blocks_ptr, int32, read on the device: the blocks past them have expert -1)
+    in the order the plain grid's programs would take them, as one loop that Triton flattens, so that the next
+    tile's first loads are issued during this tile's last K steps and epilogue (no split-K). The same tiles, the same
+    bits."""
+    if PERSISTENT:  # the used blocks' tiles in turn, the next tile's first loads overlapping this one's last steps
+        tl.static_assert(SPLIT_K == 1, "a persistent grid stores finished tiles, not split-K partial sums")
+        n_blocks_m = tl.load(used_blocks_ptr)
+        n_blocks_n = tl.cdiv(N_OUT, BLOCK_N)
+        for tile in tl.range(tl.program_id(0), n_blocks_m * n_blocks_n, tl.num_programs(0), flatten=True):
+            pid_m = tile % n_blocks_m
+            pid_n = tile // n_blocks_m
+            if GROUP_M > 0:
+                pid_m, pid_n = grouped_tile_order(pid_m, pid_n, n_blocks_m, n_blocks_n, GROUP_M)
+            expert = tl.load(block_expert_ptr + pid_m)
+            _moe_tile(a_ptr, a_scale_ptr, w_ptr, ws_ptr, w_block_scale_ptr, expert_scale_ptr, bias_ptr, out_ptr,
+                      sorted_rows_ptr, n_pairs, a_row_div, N_OUT, N_ROWS, K, alpha, beta, beta_lin, limit,
+                      q_scale_ptr, pid_m, pid_n, 0, expert, A_SCALE, W_KIND, PACKED, EBITS, MBITS, BIAS,
+                      W_BLOCK_SCALE, HAS_EXPERT_SCALE, HAS_BIAS, GATED, INTERLEAVED, ACT, APPLY_ACT, HAS_LIMIT,
+                      BLOCK_M, BLOCK_N, BLOCK_K, INTERPRET_DOT, DOT_SCALED, DS_FMT, BITPLACE, MMA_STEPS, SPLIT_K,
+                      ROW_PAIRS, QUANT_NVFP4, NV_NORMAL, A_TMA, W_TMA)
+    else:
+        pid_m = tl.program_id(0)
+        pid_n = tl.program_id(1)
+        if GROUP_M > 0:
+            pid_m, pid_n = grouped_tile_order(pid_m, pid_n, tl.num_programs(0), tl.num_programs(1), GROUP_M)
+        pid_s = tl.program_id(2)
+        expert = tl.load(block_expert_ptr + pid_m)
+        if expert < 0:  # a block past the used ones (the grid is sized for the worst case)
+            return
+        _moe_tile(a_ptr, a_scale_ptr, w_ptr, ws_ptr, w_block_scale_ptr, expert_scale_ptr, bias_ptr, out_ptr,
+                  sorted_rows_ptr, n_pairs, a_row_div, N_OUT, N_ROWS, K, alpha, beta, beta_lin, limit, q_scale_ptr,
+                  pid_m, pid_n, pid_s, expert, A_SCALE, W_KIND, PACKED, EBITS, MBITS, BIAS, W_BLOCK_SCALE,
+                  HAS_EXPERT_SCALE, HAS_BIAS, GATED, INTERLEAVED, ACT, APPLY_ACT, HAS_LIMIT, BLOCK_M, BLOCK_N, BLOCK_K,
+                  INTERPRET_DOT, DOT_SCALED, DS_FMT, BITPLACE, MMA_STEPS, SPLIT_K, ROW_PAIRS, QUANT_NVFP4, NV_NORMAL,
+                  A_TMA, W_TMA)
+
+
+@_device
+def _moe_tile(a_ptr, a_scale_ptr, w_ptr, ws_ptr, w_block_scale_ptr, expert_scale_ptr, bias_ptr, out_ptr,
+              sorted_rows_ptr, n_pairs, a_row_div, N_OUT, N_ROWS, K, alpha, beta, beta_lin, limit, q_scale_ptr,
+              pid_m, pid_n, pid_s, expert,
+              A_SCALE: tl.constexpr, W_KIND: tl.constexpr, PACKED: tl.constexpr, EBITS: tl.constexpr,
+              MBITS: tl.constexpr, BIAS: tl.constexpr, W_BLOCK_SCALE: tl.constexpr, HAS_EXPERT_SCALE: tl.constexpr,
+              HAS_BIAS: tl.constexpr, GATED: tl.constexpr, INTERLEAVED: tl.constexpr, ACT: tl.constexpr,
+              APPLY_ACT: tl.constexpr, HAS_LIMIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_K: tl.constexpr, INTERPRET_DOT: tl.constexpr, DOT_SCALED: tl.constexpr, DS_FMT: tl.constexpr,
+              BITPLACE: tl.constexpr, MMA_STEPS: tl.constexpr, SPLIT_K: tl.constexpr, ROW_PAIRS: tl.constexpr,
+              QUANT_NVFP4: tl.constexpr, NV_NORMAL: tl.constexpr, A_TMA: tl.constexpr, W_TMA: tl.constexpr):
+    """moe_gemm_kernel's tile (pid_m, pid_n) of row block pid_m (its expert `expert`, at least 0), K range pid_s."""
     pair = tl.load(sorted_rows_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
     m_mask = pair < n_pairs
     a_row = (pair // a_row_div).to(tl.int64)
@@ -834,10 +877,12 @@ def moe_gemm_kernel(
         tl.store(out_ptr + part, acc_g, mask=m_mask[:, None] & n_mask[None, :])
         if GATED:
             tl.store(out_ptr + part + N_OUT, acc_u, mask=m_mask[:, None] & n_mask[None, :])
-        return
-    _epilogue(acc_g, acc_u, pair, m_mask, n_offs, n_mask, g_row, u_row, expert, a_scale_ptr, expert_scale_ptr,
-              bias_ptr, out_ptr, N_OUT, N_ROWS, alpha, beta, beta_lin, limit, A_SCALE, HAS_EXPERT_SCALE, HAS_BIAS,
-              GATED, ACT, APPLY_ACT, HAS_LIMIT, q_scale_ptr, QUANT_NVFP4, BLOCK_M, BLOCK_N)
+    else:
+        _epilogue(acc_g, acc_u, pair, m_mask, n_offs, n_mask, g_row, u_row, expert, a_scale_ptr, expert_scale_ptr,
+                  bias_ptr, out_ptr, N_OUT, N_ROWS, alpha, beta, beta_lin, limit, A_SCALE, HAS_EXPERT_SCALE, HAS_BIAS,
+                  GATED, ACT, APPLY_ACT, HAS_LIMIT, q_scale_ptr, QUANT_NVFP4, BLOCK_M, BLOCK_N)
+
+
 
 
 @_device
