@@ -374,23 +374,29 @@ def test_tail_blocks_give_the_same_bits():
     for bit the outputs of one launch of tail_m-row blocks (a tile's rows do not meet in the K reduction), on the
     dequantizing loop (bf16, MXFP4 weights), the bit-placement loop (NVFP4 W4A4, GEMM1's epilogue quantizing) and
     prefill by TMA."""
-    from harness.backends import load_backend
-    from harness.core.conformance import Shape, backend_shape, case_checkpoint, case_inputs
-
     for kernel, scheme, more in (("triton_emulation", "bf16", {}), ("triton_emulation", "w_mxfp4", {}),
                                  ("triton_bitplace", "w_nvfp4_a_nvfp4", {}), ("triton_emulation", "bf16", dict(tma=1))):
         outs = []
         for tiles in (dict(block_m=16), dict(block_m=32, tail_m=16)):
-            backend = load_backend(kernel).configure(block_n=64, block_k=128 if "bitplace" in kernel else 64,
-                                                     num_warps=4, num_stages=2, **tiles, **more)
-            shape = backend_shape(backend, Shape(num_experts=3, hidden_size=128, intermediate_size=96, tokens=50,
-                                                 top_k=2))
-            ckpt = case_checkpoint(scheme, "SWIGLUOAI", "e4m3fn", shape, seed=9, bias=True)
-            x, w, ids = case_inputs(shape, 4)
-            outs.append(backend.forward(backend.prepare(ckpt), x, w, ids))
+            backend, out = _small_prefill_forward(kernel, scheme, {**tiles, **more})
+            outs.append(out)
         assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16)), (kernel, scheme, more)
         assert outs[0].abs().sum() > 0
         assert set(backend.last_launch) >= {"w13", "w2", "w13_tail", "w2_tail"}
+
+
+def _small_prefill_forward(kernel: str, scheme: str, tiles: dict):
+    """(backend, output) of one forward of a small SWIGLUOAI case with biases (3 experts, 50 tokens, top 2) on these
+    tiles over 64 columns, 4 warps, 2 stages and the loop's K step."""
+    from harness.backends import load_backend
+    from harness.core.conformance import Shape, backend_shape, case_checkpoint, case_inputs
+
+    backend = load_backend(kernel).configure(**{**dict(block_n=64, block_k=128 if "bitplace" in kernel else 64,
+                                                       num_warps=4, num_stages=2), **tiles})
+    shape = backend_shape(backend, Shape(num_experts=3, hidden_size=128, intermediate_size=96, tokens=50, top_k=2))
+    ckpt = case_checkpoint(scheme, "SWIGLUOAI", "e4m3fn", shape, seed=9, bias=True)
+    x, w, ids = case_inputs(shape, 4)
+    return backend, backend.forward(backend.prepare(ckpt), x, w, ids)
 
 
 def test_a_persistent_grid_gives_the_same_bits(monkeypatch):
@@ -399,8 +405,7 @@ def test_a_persistent_grid_gives_the_same_bits(monkeypatch):
     weights), the bit-placement loop (NVFP4 W4A4, GEMM1's epilogue quantizing), bf16 weights by TMA, in grouped tile
     order and with tail blocks (a second work list); two programs on a one-multiprocessor GPU, so that each runs many
     tiles."""
-    from harness.backends import load_backend, triton_emulation
-    from harness.core.conformance import Shape, backend_shape, case_checkpoint, case_inputs
+    from harness.backends import triton_emulation
 
     monkeypatch.setattr(triton_emulation, "H200_MULTIPROCESSORS", 1)
     for kernel, scheme, more in (("triton_emulation", "bf16", {}), ("triton_emulation", "w_mxfp4", dict(group_m=2)),
@@ -408,14 +413,8 @@ def test_a_persistent_grid_gives_the_same_bits(monkeypatch):
                                  ("triton_emulation", "bf16", dict(tma=2, group_m=2))):
         outs = []
         for persistent in (0, 2):
-            backend = load_backend(kernel).configure(**{**dict(block_m=16, block_n=64, num_warps=4, num_stages=2,
-                                                               block_k=128 if "bitplace" in kernel else 64), **more},
-                                                     persistent=persistent)
-            shape = backend_shape(backend, Shape(num_experts=3, hidden_size=128, intermediate_size=96, tokens=50,
-                                                 top_k=2))
-            ckpt = case_checkpoint(scheme, "SWIGLUOAI", "e4m3fn", shape, seed=9, bias=True)
-            x, w, ids = case_inputs(shape, 4)
-            outs.append(backend.forward(backend.prepare(ckpt), x, w, ids))
+            backend, out = _small_prefill_forward(kernel, scheme, {"block_m": 16, **more, "persistent": persistent})
+            outs.append(out)
         assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16)), (kernel, scheme, more)
         assert outs[0].abs().sum() > 0
         assert backend.last_launch["w13"][0] == (2,), backend.last_launch["w13"]
