@@ -369,6 +369,34 @@ def test_tail_blocks_regroup_the_aligned_blocks_of_each_expert():
         assert torch.equal(seen.sort().values, torch.arange(p, dtype=torch.int32))
 
 
+def test_fit_tail_m_leaves_an_expert_the_fewest_tail_blocks():
+    """fit_tail_m against split_tail_blocks itself: for an expert of n rows, the tail_m it picks gives the fewest tail
+    blocks of the choices below block_m, the smaller on a tie; the bench models' 8192-token prefill gets the tails
+    that ran fastest on the H200 (gpt-oss-120b 32, Kimi-K2 64); no choice, no tails; the table row's fit_tail_m
+    resolves to the call's tail_m."""
+    from types import SimpleNamespace
+
+    from harness.backends.triton_bitplace import TritonBitplaceBackend
+    from harness.backends.triton_emulation import TAIL_M_CHOICES, TritonEmulationBackend, fit_tail_m, split_tail_blocks
+
+    def tail_blocks(rows: int, tail_m: int, block_m: int) -> int:
+        ids = torch.zeros(rows, 1, dtype=torch.int64)
+        sorted_rows, block_expert = TritonEmulationBackend._align_torch(ids, 1, tail_m)
+        _, (_, tail_experts) = split_tail_blocks(sorted_rows, block_expert, tail_m, block_m, 1, rows)
+        return int((tail_experts >= 0).sum())
+
+    for block_m in (64, 128):
+        for rows in (1, 31, 33, 64, 100, 150, 171, 200, 240, 256, 257, 300):
+            counts = {t: tail_blocks(rows, t, block_m) for t in TAIL_M_CHOICES if t < block_m}
+            best = min(counts, key=lambda t: (counts[t], t))
+            assert fit_tail_m(rows, block_m) == best, (rows, block_m, counts)
+    assert fit_tail_m(8192 * 4 / 128, 128) == 32 and fit_tail_m(8192 * 8 / 384, 128) == 64
+    assert fit_tail_m(200, 32) == 0
+    prepared = SimpleNamespace(ckpt=SimpleNamespace(num_experts=384))
+    tiles = TritonBitplaceBackend().resolve_tiles(dict(block_m=128, fit_tail_m=1), prepared, 8192 * 8, "cpu")
+    assert tiles == dict(block_m=128, tail_m=64), tiles
+
+
 def test_tail_blocks_give_the_same_bits():
     """tail_m: each expert's rows in blocks of block_m plus tail blocks of tail_m rows, two launches a GEMM, give bit
     for bit the outputs of one launch of tail_m-row blocks (a tile's rows do not meet in the K reduction), on the

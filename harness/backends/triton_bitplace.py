@@ -53,14 +53,14 @@ NVFP4_EXPONENT_ADD = os.environ.get("MOE_CONFORMANCE_NVFP4_EXPONENT_ADD", "1") =
 # blocks and one 64-row tail block, split_tail_blocks): MXFP4 in make bench (results/gpu-issue28/run-17) 40.1 -> 46.5%
 # (gpt-oss-120b), 41.6 -> 45.6% (Kimi-K2). NVFP4 keeps 64 rows: at 128 rows and tail_m 64 its sweep was no faster
 # (Kimi-K2 W4A4 38.7 -> 38.0%, results/gpu-issue28/run-16); what looked faster there read its activations by TMA at 128
-# rows, which gives wrong outputs at Kimi-K2's shape (run-17; refused, _gemm). Not taken (results/gpu-issue28/run-19,
-# run-20/wide): tail_m 32 (gpt-oss-120b 4246 -> 4143 us, Kimi-K2 15957 -> 17210: each model's remainder of rows an
-# expert wants its own), 2 or 4 stages, mma_steps 2, 128 weight rows a program on two warpgroups (8 warps: Kimi-K2
+# rows, which gives wrong outputs at Kimi-K2's shape (run-17; refused, _gemm). The tail by the mean rows an expert
+# (fit_tail_m: 32 for gpt-oss-120b's 256, 4246 -> 4143 us in run-19; 64 for Kimi-K2's 171, where 32 was 15957 -> 17210
+# us). Not taken (results/gpu-issue28/run-19, run-20/wide): 2 or 4 stages, mma_steps 2, 128 weight rows a program on two warpgroups (8 warps: Kimi-K2
 # 15451 -> 15175 us, gpt-oss-120b 4135 -> 4441), a persistent grid (2x slower). (max pairs, weight kinds or None, tiles).
 BITPLACE_TILES = (
     (1024, None, dict(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=3, split_k_programs=512)),
     (1 << 62, (NVFP4,), dict(block_m=64, block_n=64, block_k=128, num_warps=4, num_stages=3, group_m=8)),
-    (1 << 62, None, dict(block_m=128, block_n=64, block_k=128, num_warps=4, num_stages=3, group_m=8, tail_m=64)),
+    (1 << 62, None, dict(block_m=128, block_n=64, block_k=128, num_warps=4, num_stages=3, group_m=8, fit_tail_m=1)),
 )
 
 

@@ -8,6 +8,7 @@ kernels run under the Triton interpreter (small shapes, fp32 dots); on a GPU, co
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -100,7 +101,8 @@ TILE_KEYS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "w2_blo
 # gather_block_rows, and bf16 weights by TMA too: _k_loop_tma; the bit-placement loop's activations likewise; 2 the
 # bf16 weights only, the activations by pointers, no copy), tail_m (each expert's rows padded to tail_m, not block_m: the
 # blocks of block_m rows in one launch, the tail blocks left, tail_m rows each, in a second one; split_tail_blocks;
-# prefill only, not with split-K). A table row may give
+# prefill only, not with split-K; a table row may give fit_tail_m 1 instead: tail_m then is fit_tail_m's choice for the
+# mean rows an expert of the call). A table row may give
 # split_k_programs instead: split_k then is the fewest splits that give GEMM1 that many programs (split_k_to_fill),
 # and pdl_bytes: pdl 1 where GEMM2's weights of the call (one expert a pair at most) are at most that many bytes,
 # else 2
@@ -162,6 +164,26 @@ def split_tail_blocks(sorted_rows: torch.Tensor, block_expert: torch.Tensor, tai
     return big_blocks, tail_blocks
 
 
+TAIL_M_CHOICES = (32, 64)
+
+
+def fit_tail_m(rows_per_expert: float, block_m: int) -> int:
+    """The tail_m (of TAIL_M_CHOICES, below block_m; 0 where none is) that leaves an expert of rows_per_expert rows
+    the fewest tail blocks as split_tail_blocks lays them out (its rows rounded up to tail_m, as many whole block_m
+    blocks as fit, the rest in tail_m blocks), the smaller on a tie (fewer padded rows). A bit-placement tile decodes
+    the same weights whatever its rows, so a tail block costs about the same at 32 rows as at 64: the count decides.
+    On the H200 at 8192 tokens (results/gpu-issue28/run-16, run-19, run-20): gpt-oss-120b's 256 rows an expert give
+    no tail at either, and 32 ran 2.4-2.6% faster; Kimi-K2's 171 give two 32-row tails or one 64-row tail, and 64 ran
+    7.3-8.2% faster."""
+    rows = math.ceil(rows_per_expert)
+
+    def tails(t: int) -> int:
+        return triton_cdiv(rows, t) % (block_m // t)
+
+    fits = [t for t in TAIL_M_CHOICES if t < block_m and block_m % t == 0]
+    return min(fits, key=lambda t: (tails(t), t)) if fits else 0
+
+
 class TritonEmulationBackend:
     name = "triton_emulation"
     operand_dtype = torch.float32  # operands are exact in bf16; scales multiply fp32 partial sums
@@ -209,6 +231,11 @@ class TritonEmulationBackend:
                                                       (prepared.w2, prepared.w2_scale) if t is not None)
             tiles = {**{k: v for k, v in tiles.items() if k != "pdl_bytes"},
                      "pdl": 1 if w2_bytes <= tiles["pdl_bytes"] else 2}
+        if "fit_tail_m" in tiles:  # tail_m by the mean rows an expert (p pairs over the experts: no host sync)
+            fit = tiles["fit_tail_m"]
+            tiles = {k: v for k, v in tiles.items() if k != "fit_tail_m"}
+            if fit:
+                tiles["tail_m"] = fit_tail_m(p / ckpt.num_experts, tiles["block_m"])
         if K.INTERPRET and tiles.get("pdl"):  # no griddepcontrol in the interpreter; dependents change timing only
             tiles = {**tiles, "pdl": 0}
         return tiles
