@@ -10,6 +10,8 @@ place where Quark computes differently is asserted as such, with its cause."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -382,3 +384,39 @@ def test_quark_fake_quantize_mx_nonfinite_blocks(case, name):
         assert bool(torch.isnan(got).all())
     else:
         assert bool(torch.isinf(got[0, 0])) and bool((got[0, 1:] == 0).all())
+
+
+def test_a_build_lock_left_by_a_killed_run_does_not_stall_the_next(tmp_path):
+    """torch's extension builder locks with a file; a run killed mid-build leaves it, and every later load used to
+    poll for it forever (two CI runs stalled so, 300 s a test). A copy of the built extension folder with such a
+    lock planted loads in a fresh process, gives the same values, and the lock is gone."""
+    import shutil
+    import subprocess
+    import sys
+
+    from harness.peers.quark_adapter import quark_extensions_dir
+
+    x = CORNERS["e2m1_midpoints"]
+    want = quark_fake_quantize_mx(x, E2M1, "even")  # builds the extension in the real folder, if it is not yet
+    built = quark_extensions_dir()
+    copy = tmp_path / built.relative_to(built.parents[2])
+    shutil.copytree(built, copy, ignore=shutil.ignore_patterns(".harness-lock", "lock"))
+    stale = [d / "lock" for d in copy.iterdir() if d.is_dir()]
+    assert stale, f"no extension folder under {built}"
+    for lock in stale:
+        lock.touch()
+    torch.save(x, tmp_path / "x.pt")
+    script = ("import sys, torch; from harness.peers.quark_adapter import quark_fake_quantize_mx; "
+              "from reference.formats import E2M1; "
+              "torch.save(quark_fake_quantize_mx(torch.load(sys.argv[1]), E2M1, 'even'), sys.argv[2])")
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path))
+    env.pop("TORCH_EXTENSIONS_DIR", None)
+    try:
+        run = subprocess.run([sys.executable, "-c", script, str(tmp_path / "x.pt"), str(tmp_path / "got.pt")],
+                             env=env, capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired as e:
+        raise AssertionError(f"loading Quark's extension with a stale torch build lock ({stale[0]}) stalled past "
+                             f"{e.timeout} s") from None
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert torch.equal(_bits(torch.load(tmp_path / "got.pt")), _bits(want))
+    assert not any(lock.exists() for lock in stale)

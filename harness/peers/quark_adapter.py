@@ -8,7 +8,8 @@ What does not run here: quark.torch.kernel.mx.qdq_mxfp4 / dq_mxfp4 (what vLLM ca
 (QUARK_MXFP4_IMPL=hip, the default; its sources are .cu only) or to Triton GPU kernels: no CPU path. Quark's MX
 fake quantizer fake_quantize_mx (FP4, FP6 E2M3 / E3M2; floor / ceil / even) does run, through
 torch.ops.quark.fake_quantize_to_low_precision_fp, a C++ extension that Quark JIT-builds for the CPU with ninja + g++
-on first use (~5 s on 2 cores, then cached in TORCH_EXTENSIONS_DIR, ~/.cache/torch_extensions by default).
+on first use (~5 s on 2 cores), then cached in the harness's own folder (quark_extensions_dir: not torch's shared
+~/.cache/torch_extensions, see _sole_extension_builder for why).
 
 `import quark.torch` takes ~26 s (its __init__ pulls in the model quantizer, exporters and the MoE expert
 replacements), so the two source modules are imported under empty package stand-ins for quark.torch,
@@ -19,9 +20,13 @@ path of downcast_to_mxfp_torch imports even_round at call time). ~2.5-4 s instea
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
+import os
 import sys
 import types
+from pathlib import Path
 
 import torch
 
@@ -32,7 +37,7 @@ from reference.packing import pack_fp4, unpack_fp4
 
 __all__ = ["quark_available", "QUARK_SCALE_MODES", "QUARK_ELEMENT_FORMATS", "quark_quantize_mx",
            "quark_dequantize_mx", "quark_qdq_mx", "quark_even_exponent", "QUARK_FAKE_SCALE_MODES",
-           "QUARK_FAKE_ELEMENT_FORMATS", "quark_fake_quantize_mx"]
+           "QUARK_FAKE_ELEMENT_FORMATS", "quark_fake_quantize_mx", "quark_extensions_dir"]
 
 # Quark's DequantScaleRoundingMode names (downcast_to_mxfp_torch); EVEN is MXFP4 only there
 QUARK_SCALE_MODES = ("ROUND_UP", "ROUND_DOWN", "EVEN")
@@ -79,13 +84,49 @@ def _mx_module():
     return mx_torch
 
 
+def quark_extensions_dir() -> Path:
+    """Where the harness has torch build Quark's C++ extension: a folder of its own under the user's cache
+    ($XDG_CACHE_HOME or ~/.cache), one per Python and torch build, so that no other program builds there."""
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    tag = f"py{sys.version_info.major}{sys.version_info.minor}-torch{torch.__version__}"
+    return Path(cache) / "moe-conformance" / "torch_extensions" / tag
+
+
+@contextlib.contextmanager
+def _sole_extension_builder(root: Path):
+    """Holds TORCH_EXTENSIONS_DIR at root, as the only harness process loading an extension there.
+
+    torch.utils.cpp_extension guards a build with a lock *file* (FileBaton, `<root>/<name>/lock`), which a builder
+    that dies mid-build (a test timeout's os._exit, Ctrl-C, a cancelled CI job) leaves behind; every later load then
+    polls for it forever. Two CI runs stalled that way at the first fake_quantize_mx test, 300 s a test, from a lock
+    left in ~/.cache/torch_extensions by a killed run. An flock on `<root>/.harness-lock` is dropped by the kernel
+    when its holder dies, so whoever holds it is the only live builder under root (the harness's own folder):
+    any torch lock file found then is stale, and is removed."""
+    root.mkdir(parents=True, exist_ok=True)
+    before = os.environ.get("TORCH_EXTENSIONS_DIR")
+    with open(root / ".harness-lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        try:
+            for stale in root.glob("*/lock"):
+                stale.unlink(missing_ok=True)
+            os.environ["TORCH_EXTENSIONS_DIR"] = str(root)
+            yield
+        finally:
+            if before is None:
+                os.environ.pop("TORCH_EXTENSIONS_DIR", None)
+            else:
+                os.environ["TORCH_EXTENSIONS_DIR"] = before
+            fcntl.flock(held, fcntl.LOCK_UN)
+
+
 @functools.cache
 def _hw_module():
-    """hw_emulation_interface: loads (JIT-building on first use, ~5 s on 2 cores, then cached under
-    TORCH_EXTENSIONS_DIR) Quark's stable-ABI C++ extension, which backs
-    torch.ops.quark.fake_quantize_to_low_precision_fp."""
+    """hw_emulation_interface: importing it loads Quark's stable-ABI C++ extension (which backs
+    torch.ops.quark.fake_quantize_to_low_precision_fp), JIT-building it on first use (~5 s on 2 cores) in
+    quark_extensions_dir()."""
     _install_standins()
-    from quark.torch.kernel.hw_emulation import hw_emulation_interface
+    with _sole_extension_builder(quark_extensions_dir()):
+        from quark.torch.kernel.hw_emulation import hw_emulation_interface
 
     return hw_emulation_interface
 
