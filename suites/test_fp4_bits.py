@@ -257,6 +257,47 @@ def test_epilogues_that_do_the_next_step_are_bit_for_bit_the_launches_they_repla
     assert outs[1].abs().sum() > 0
 
 
+@pytest.mark.parametrize("scheme,act,split_k", [("w_mxfp4", "SWIGLUOAI", 3), ("w_nvfp4_a_nvfp4", "SILU", 2)])
+def test_serial_split_k_finishes_each_tile_in_the_gemms_launch_with_the_epilogue_kernels_bits(scheme, act, split_k,
+                                                                                            monkeypatch):
+    """serial_k (moe_gemm_kernel's SERIAL_K): each tile's last split adds the partial sums in split order and runs
+    the epilogue in the GEMM's own launch, bit for bit splitk_epilogue_kernel's (biases, static activation scales,
+    per-expert global scales, GEMM1's epilogue quantizing GEMM2's NVFP4 input; GEMM2 too where its top-k sum is not
+    folded; 3 splits of 2 K chunks: one split empty), with no splitk_epilogue_kernel launched; twice in a row, so that
+    a tile count left unreset (the second call's tiles would never finish) fails, and the counts are zero after."""
+    from harness.backends import load_backend
+    from harness.backends import triton_kernels as K
+    from harness.core.conformance import Shape, backend_shape, case_checkpoint, case_inputs
+
+    epilogues = []
+    real = K.splitk_epilogue_kernel
+
+    class _Counting:
+        def __getitem__(self, grid):
+            epilogues.append(grid)
+            return real[grid]
+
+    monkeypatch.setattr(K, "splitk_epilogue_kernel", _Counting())
+    for fold, serials in ((True, (0, 1, 1)), (False, (0, 1))):
+        outs = []
+        backend = load_backend("triton_bitplace")
+        backend.fold_epilogues = fold
+        for serial in serials:
+            backend.configure(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=2, split_k=split_k,
+                              serial_k=serial)
+            shape = backend_shape(backend, Shape(num_experts=5, hidden_size=160, intermediate_size=96, tokens=3,
+                                                 top_k=3))
+            ckpt = case_checkpoint(scheme, act, "e4m3fn", shape, seed=4, bias=True)
+            x, w, ids = case_inputs(shape, 4)
+            epilogues.clear()
+            outs.append(backend.forward(backend.prepare(ckpt), x, w, ids))
+            # GEMM1's epilogue kernel, and GEMM2's where the top-k sum is not folded, run only without serial_k
+            assert len(epilogues) == (0 if serial else 1 if fold else 2), (fold, serial, epilogues)
+            assert not serial or not any(bool(c.any()) for c in backend._tile_counts.values())
+        assert outs[0].abs().sum() > 0
+        for out in outs[1:]:
+            assert torch.equal(out.view(torch.int16), outs[0].view(torch.int16)), (fold, scheme, split_k)
+
 @triton.jit
 def _block_order_kernel(out_ptr):
     i = tl.arange(0, 8) * 4
@@ -384,12 +425,12 @@ def test_the_kernel_places_every_code_at_every_position_of_a_word():
        block_n=st.sampled_from([64, 128]), w2_block_n=st.sampled_from([0, 64, 128]),
        mma_steps=st.sampled_from([1, 2]), split_k=st.sampled_from([1, 2, 3]), hidden=st.sampled_from([128, 160, 288]),
        inter=st.sampled_from([96, 128, 160]), tokens=st.integers(1, 9), seed=st.integers(0, 2**16),
-       row_pairs=st.booleans(), num_warps=st.sampled_from([4, 8]))
+       row_pairs=st.booleans(), num_warps=st.sampled_from([4, 8]), serial_k=st.sampled_from([0, 1]))
 def test_every_bitplace_tile_configuration_the_sweep_may_pick_is_exact(scheme, block_n, w2_block_n, mma_steps,
                                                                         split_k, hidden, inter, tokens, seed,
-                                                                        row_pairs, num_warps):
+                                                                        row_pairs, num_warps, serial_k):
     """Each tile key of triton_bitplace that tools/tune_moe.py sweeps (block_n, w2_block_n, mma_steps, split_k,
-    num_warps: 8 takes 128-row tiles, REPS 2), in any combination, at K with and without tails, with either code
+    serial_k, num_warps: 8 takes 128-row tiles, REPS 2), in any combination, at K with and without tails, with either code
     layout (row_pairs), against the reference: whatever the next H200 sweep puts in BITPLACE_TILES has been checked
     here first (the layouts the warps get are the compiler's: the GPU's conformance run checks those)."""
     from harness.backends import backend_structure
@@ -398,7 +439,7 @@ def test_every_bitplace_tile_configuration_the_sweep_may_pick_is_exact(scheme, b
 
     backend = TritonBitplaceBackend().configure(block_m=16, block_n=block_n, block_k=128, num_warps=num_warps,
                                                 num_stages=2, w2_block_n=w2_block_n, mma_steps=mma_steps,
-                                                split_k=split_k)
+                                                split_k=split_k, serial_k=serial_k)
     backend.row_pairs = row_pairs
     tiles = backend.tile_config(tokens * 3, None)
     assert tiles["num_warps"] == num_warps and tiles["block_n"] % (16 * num_warps) == 0

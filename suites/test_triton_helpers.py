@@ -129,7 +129,7 @@ def test_the_kernels_a_forward_launches_compile_for_sm90_without_a_gpu(tmp_path)
     two types in _weight_tile's bf16 path) fails here rather than on a GPU loan. Every variant in one process (each
     distinct launch compiled once; GEMM2's K 3 chunks, so that loops are compiled, not folded):
     - the table's tiles at one token and 2048 (the decode row with split-K and its epilogues, the prefill row with
-      GEMM1's own NVFP4 epilogue), every Triton backend;
+      GEMM1's own NVFP4 epilogue), every Triton backend; split-K finished in the GEMM's own launch (serial_k);
     - prefill by TMA (tma 1): bf16 weights interleaved (one 256-row box) and in halves, 8 warps, 4 stages; the
       bit-placement loop's activations (MXFP4, NVFP4 W4A4); bf16 weights alone (tma 2); 128-row blocks with 64-row
       tails (tail_m); persistent grids (one flattened loop over the tiles), bf16 by TMA with GEMM2 at 256 columns and
@@ -153,6 +153,9 @@ def test_the_kernels_a_forward_launches_compile_for_sm90_without_a_gpu(tmp_path)
     cases = ["triton_bitplace/w_nvfp4_a_nvfp4/SILU", "triton_bitplace/w_mxfp4/SWIGLUOAI",
              "triton_dot_scaled/w_mxfp4/SWIGLUOAI", "triton_emulation/w_mxfp4_a_mxfp4/SWIGLUOAI",
              "triton_emulation/w_fp8_a_fp8_block/SILU", "triton_emulation/bf16/SILU"]
+    # split-K finished in the GEMM's launch by each tile's last split (serial_k; GEMM1 quantizing GEMM2's NVFP4 input)
+    serial = ("triton_bitplace/w_nvfp4_a_nvfp4/SILU@block_m=16,block_n=64,block_k=128,num_warps=4,num_stages=3,"
+              "split_k=2,serial_k=1,tokens=1")
     bf16_tma = "block_m=128,block_n=128,block_k=64,num_warps=8,num_stages=4,group_m=8,tma=1,tokens=2048"
     fp4_tma = "block_m=64,block_n=64,block_k=128,num_warps=4,num_stages=3,group_m=8,tma=1,tokens=2048"
     tma = [f"triton_emulation/bf16/SWIGLUOAI@{bf16_tma}", f"triton_emulation/bf16/SILU@{bf16_tma}",
@@ -177,7 +180,7 @@ def test_the_kernels_a_forward_launches_compile_for_sm90_without_a_gpu(tmp_path)
                  (0, 64, "w_nvfp4_a_nvfp4/SWIGLUOAI", 1, 1))}
     default_gluon = "triton_bitplace_gluon/w_mxfp4/SWIGLUOAI@tokens=1"
     cmd = [sys.executable, "-m", "harness.backends.compile_check", "--tokens", "1", "2048", "--intermediate", "384"]
-    for case in cases + tma + tails + persistent + list(gluon) + [default_gluon]:
+    for case in cases + [serial] + tma + tails + persistent + list(gluon) + [default_gluon]:
         cmd += ["--case", case]
     # an empty Triton cache, so that ptxas runs for every launch and its log says whether wgmma was serialized
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=Path(__file__).resolve().parents[1],
@@ -191,6 +194,7 @@ def test_the_kernels_a_forward_launches_compile_for_sm90_without_a_gpu(tmp_path)
     launched = {line.split(", ")[0][5:]: line for line in run.stdout.splitlines() if line.startswith("case ")}
     for case in tma:
         assert "moe_gemm_kernel x2" in launched[case], launched[case]
+    assert "moe_gemm_kernel x2, splitk_topk_reduce_kernel x1)" in launched[serial], launched[serial]
     for case in tails:
         assert "moe_gemm_kernel x4" in launched[case], launched[case]
     for case in persistent:

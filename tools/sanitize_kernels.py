@@ -65,6 +65,11 @@ def main() -> int:
                                  (TritonBitplaceBackend().configure(block_m=16, block_n=64, block_k=128, num_warps=4,
                                                                     num_stages=3, split_k=3),
                                   "w_nvfp4_a_nvfp4", "SWIGLUOAI"),
+                                 # the same tiles finished in the GEMM's launch by their last split (serial_k: an
+                                 # atomic count a tile, the partial sums read back past L1)
+                                 (TritonBitplaceBackend().configure(block_m=16, block_n=64, block_k=128, num_warps=4,
+                                                                    num_stages=3, split_k=3, serial_k=1),
+                                  "w_nvfp4_a_nvfp4", "SWIGLUOAI"),
                                  # the layout with rows one by one (issue 28's A/B switch; row pairs are the default)
                                  (_bitplace(row_pairs=False), "w_mxfp4", "SWIGLUOAI"),
                                  (_bitplace(row_pairs=False), "w_nvfp4", "SILU"),

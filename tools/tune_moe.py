@@ -43,10 +43,12 @@ PREFILL = [dict(block_m=m, block_n=n, block_k=k, num_warps=w, num_stages=s, grou
 # split_k shares a tile's K chunks among programs (few tokens leave SMs idle: 180 programs at gpt-oss, 1 token);
 # block_n 128 is 64 row pairs in the row-paired layout (the default; MOE_CONFORMANCE_BITPLACE_ROW_PAIRS=0 stores
 # rows one by one); 8 warps: two warpgroups on one activation tile, 128 or 256 rows (triton_kernels' Hopper tiles)
+# serial_k 1: a split tile finished in the GEMM's launch by its last split (no splitk_epilogue_kernel launch)
 BITPLACE_DECODE = [dict(block_m=16, block_n=n, block_k=128, num_warps=w, num_stages=s, mma_steps=k, maxnreg=r,
-                        split_k=sk)
-                   for (n, w), s, k, r, sk in itertools.product(((64, 4), (128, 4), (128, 8), (256, 8)), (3, 4), (1, 2),
-                                                                (0, 96), (1, 2, 4))]
+                        split_k=sk, serial_k=sr)
+                   for (n, w), s, k, r, sk, sr in itertools.product(((64, 4), (128, 4), (128, 8), (256, 8)), (3, 4),
+                                                                    (1, 2), (0, 96), (1, 2, 4), (0, 1))
+                   if sk > 1 or not sr]
 # triton_bitplace_gluon (the warp-specialised Gluon decode GEMM, 64-row tiles): its ring's depth (num_stages), the
 # launch's register cap (maxnreg: 80 gives 3 programs a multiprocessor; 64 four, the gated consumer's K loop then at
 # 88 registers, where ptxas re-serialises the wgmma: 369 SASS a step against 343, no spill in the CPU compile) and

@@ -82,7 +82,8 @@ class Prepared:
 FUSED_ALIGN_MAX_PAIRS = 1024
 
 TILE_KEYS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "w2_block_n", "maxnreg", "mma_steps",
-             "split_k", "mma_overlap", "w2_mma_overlap", "pdl", "persistent", "group_m", "tma", "tail_m")
+             "split_k", "mma_overlap", "w2_mma_overlap", "pdl", "persistent", "group_m", "tma", "tail_m",
+             "serial_k")
 # optional keys: w2_block_n (GEMM2's N tile where it differs from GEMM1's), maxnreg (a register cap per thread, so
 # that more programs fit on a multiprocessor; 0 = the compiler's choice), mma_steps (triton_bitplace: MMA steps per
 # 128-value chunk, 1 or 2; 2 holds half the decoded tile in registers), split_k (triton_bitplace: the K chunks
@@ -102,7 +103,9 @@ TILE_KEYS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "w2_blo
 # bf16 weights only, the activations by pointers, no copy), tail_m (each expert's rows padded to tail_m, not block_m: the
 # blocks of block_m rows in one launch, the tail blocks left, tail_m rows each, in a second one; split_tail_blocks;
 # prefill only, not with split-K; a table row may give fit_tail_m 1 instead: tail_m then is fit_tail_m's choice for the
-# mean rows an expert of the call). A table row may give
+# mean rows an expert of the call), serial_k (moe_gemm_kernel with split_k: 1 finishes each tile in the GEMM's own
+# launch, its last split adding the partial sums in order and running the epilogue, SERIAL_K, where
+# splitk_epilogue_kernel would run: one launch fewer; GEMM2's top-k sum stays its own launch). A table row may give
 # split_k_programs instead: split_k then is the fewest splits that give GEMM1 that many programs (split_k_to_fill),
 # and pdl_bytes: pdl 1 where GEMM2's weights of the call (one expert a pair at most) are at most that many bytes,
 # else 2
@@ -204,6 +207,7 @@ class TritonEmulationBackend:
         self.tiles: dict | None = None  # fixed tiles (configure()); None: TILE_TABLE by pair count
         self.last_compiled: dict = {}  # "w13"/"w2" -> the compiled kernel of the last launch (tools/kernel_report.py)
         self.last_launch: dict = {}  # "w13"/"w2" -> (grid, tiles) of the last launch (harness/bench/diagnosis.py)
+        self._tile_counts: dict = {}  # device -> int32 zeros, SERIAL_K's arrivals a tile (each tile resets its own)
 
     def configure(self, **params) -> "TritonEmulationBackend":
         """Fix tile sizes and launch parameters (block_m, block_n, block_k, num_warps, num_stages) instead
@@ -544,6 +548,8 @@ class TritonEmulationBackend:
         if split_k > 1 or partials:
             launch_options["SPLIT_K"] = split_k
             target = torch.empty(split_k, n_pairs, 2, n_out, dtype=torch.float32, device=out.device)
+        # the split-K epilogue in the GEMM's launch (SERIAL_K) where splitk_epilogue_kernel would run
+        serial = bool(tiles.get("serial_k")) and split_k > 1 and not partials and (topk_sum is None or apply_act)
         a_arg, w_arg = a, w
         bitplace = bool(prep.constexprs.get("BITPLACE"))
         gated = bool(apply_act and act.gated)
@@ -580,6 +586,9 @@ class TritonEmulationBackend:
         if tiles.get("tail_m") and (split_k > 1 or partials):  # their epilogues run over every pair of the GEMM
             raise ValueError(f"tail_m {tiles['tail_m']} (a GEMM in two launches) with split_k {split_k} or a "
                              "partial-sums kernel: the split-K epilogue would read the other launch's pairs unwritten")
+        if serial:
+            launch_options.update(SERIAL_K=True, count_ptr=self._tile_count_buffer(out.device, grid[0] * grid[1]),
+                                  final_ptr=out)
         key = which + "_tail" if tail else which
         self.last_launch[key] = (grid, tiles)
         if partials:  # a subclass's own kernel writes the fp32 partial sums; the epilogue below is the same
@@ -590,7 +599,7 @@ class TritonEmulationBackend:
                 a_arg, a_scale if a_mode else dummy, w_arg, ws if ws is not None else dummy,
                 block_scale if block_scale is not None else dummy, expert_scale if expert_scale is not None else dummy,
                 bias if bias is not None else dummy, target, sorted_rows, block_expert, n_pairs, a_row_div, n_out, n_rows,
-                k_dim, *scalars, q_scale, QUANT_NVFP4=quantize and split_k == 1,
+                k_dim, *scalars, q_scale, QUANT_NVFP4=quantize and (split_k == 1 or serial),
                 W_KIND=_W_KIND[None if wq is None else wq.kind],
                 PACKED=bool(elem is not None and elem.nbits == 4), EBITS=elem.ebits if elem else 0,
                 MBITS=elem.mbits if elem else 0, BIAS=elem.bias if elem else 0, W_BLOCK_SCALE=block_scale is not None,
@@ -599,7 +608,7 @@ class TritonEmulationBackend:
                 num_warps=tiles["num_warps"], num_stages=tiles["num_stages"], **common, **launch_options,
                 **prep.constexprs,
             )
-        if split_k == 1 and not partials:
+        if split_k == 1 and not partials or serial:
             return quantize
         operands = (a_scale if a_mode else dummy, expert_scale if expert_scale is not None else dummy,
                     bias if bias is not None else dummy)
@@ -617,6 +626,15 @@ class TritonEmulationBackend:
             target, topk_ids.reshape(-1), *operands, out, n_pairs, n_out, n_rows, *scalars, SPLIT_K=split_k,
             BLOCK_P=bp, BLOCK_N=bn, q_scale_ptr=q_scale, QUANT_NVFP4=quantize, **common, **epilogue_options)
         return quantize
+
+
+    def _tile_count_buffer(self, dev, tiles: int) -> torch.Tensor:
+        """SERIAL_K's arrival counts, one int32 a tile, zero between launches (each tile's last program resets its
+        own), kept across calls so that a captured CUDA graph launches no memset; grown (new zeros) when too small."""
+        counts = self._tile_counts.get(dev)
+        if counts is None or counts.numel() < tiles:
+            counts = self._tile_counts[dev] = torch.zeros(max(tiles, 1024), dtype=torch.int32, device=dev)
+        return counts
 
 
 TOPK_BLOCK_H = 128  # columns of the top-k sum per program

@@ -746,6 +746,7 @@ def moe_gemm_kernel(
     ROW_PAIRS: tl.constexpr = False, QUANT_NVFP4: tl.constexpr = False, NV_NORMAL: tl.constexpr = False,
     GROUP_M: tl.constexpr = 0, A_TMA: tl.constexpr = False, W_TMA: tl.constexpr = False,
     PERSISTENT: tl.constexpr = False, used_blocks_ptr=None,
+    SERIAL_K: tl.constexpr = False, count_ptr=None, final_ptr=None,
 ):
     """out[pair, n] for BLOCK_M pairs of one expert (rows of a: pair // a_row_div) x BLOCK_N outputs.
 
@@ -767,7 +768,11 @@ def moe_gemm_kernel(
     used row blocks (their number at used_blocks_ptr, int32, read on the device: the blocks past them have expert -1)
     in the order the plain grid's programs would take them, as one loop that Triton flattens, so that the next
     tile's first loads are issued during this tile's last K steps and epilogue (no split-K). The same tiles, the same
-    bits."""
+    bits.
+    SERIAL_K (with SPLIT_K > 1): the split-K epilogue in this launch, not splitk_epilogue_kernel's: each program
+    stores its partial sums, then counts itself in at count_ptr[tile] (int32, zero before the launch); the tile's
+    last program adds the SPLIT_K partial sums in split order, as splitk_epilogue_kernel does, runs the same
+    _epilogue into final_ptr (the same bits) and sets the count back to zero. One launch fewer at decode."""
     if PERSISTENT:  # the used blocks' tiles in turn, the next tile's first loads overlapping this one's last steps
         tl.static_assert(SPLIT_K == 1, "a persistent grid stores finished tiles, not split-K partial sums")
         n_blocks_m = tl.load(used_blocks_ptr)
@@ -783,7 +788,7 @@ def moe_gemm_kernel(
                       q_scale_ptr, pid_m, pid_n, 0, expert, A_SCALE, W_KIND, PACKED, EBITS, MBITS, BIAS,
                       W_BLOCK_SCALE, HAS_EXPERT_SCALE, HAS_BIAS, GATED, INTERLEAVED, ACT, APPLY_ACT, HAS_LIMIT,
                       BLOCK_M, BLOCK_N, BLOCK_K, INTERPRET_DOT, DOT_SCALED, DS_FMT, BITPLACE, MMA_STEPS, SPLIT_K,
-                      ROW_PAIRS, QUANT_NVFP4, NV_NORMAL, A_TMA, W_TMA)
+                      ROW_PAIRS, QUANT_NVFP4, NV_NORMAL, A_TMA, W_TMA, SERIAL_K, count_ptr, final_ptr)
     else:
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
@@ -798,7 +803,7 @@ def moe_gemm_kernel(
                   pid_m, pid_n, pid_s, expert, A_SCALE, W_KIND, PACKED, EBITS, MBITS, BIAS, W_BLOCK_SCALE,
                   HAS_EXPERT_SCALE, HAS_BIAS, GATED, INTERLEAVED, ACT, APPLY_ACT, HAS_LIMIT, BLOCK_M, BLOCK_N, BLOCK_K,
                   INTERPRET_DOT, DOT_SCALED, DS_FMT, BITPLACE, MMA_STEPS, SPLIT_K, ROW_PAIRS, QUANT_NVFP4, NV_NORMAL,
-                  A_TMA, W_TMA)
+                  A_TMA, W_TMA, SERIAL_K, count_ptr, final_ptr)
 
 
 @_device
@@ -811,7 +816,8 @@ def _moe_tile(a_ptr, a_scale_ptr, w_ptr, ws_ptr, w_block_scale_ptr, expert_scale
               APPLY_ACT: tl.constexpr, HAS_LIMIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               BLOCK_K: tl.constexpr, INTERPRET_DOT: tl.constexpr, DOT_SCALED: tl.constexpr, DS_FMT: tl.constexpr,
               BITPLACE: tl.constexpr, MMA_STEPS: tl.constexpr, SPLIT_K: tl.constexpr, ROW_PAIRS: tl.constexpr,
-              QUANT_NVFP4: tl.constexpr, NV_NORMAL: tl.constexpr, A_TMA: tl.constexpr, W_TMA: tl.constexpr):
+              QUANT_NVFP4: tl.constexpr, NV_NORMAL: tl.constexpr, A_TMA: tl.constexpr, W_TMA: tl.constexpr,
+              SERIAL_K: tl.constexpr, count_ptr, final_ptr):
     """moe_gemm_kernel's tile (pid_m, pid_n) of row block pid_m (its expert `expert`, at least 0), K range pid_s."""
     pair = tl.load(sorted_rows_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
     m_mask = pair < n_pairs
@@ -877,12 +883,49 @@ def _moe_tile(a_ptr, a_scale_ptr, w_ptr, ws_ptr, w_block_scale_ptr, expert_scale
         tl.store(out_ptr + part, acc_g, mask=m_mask[:, None] & n_mask[None, :])
         if GATED:
             tl.store(out_ptr + part + N_OUT, acc_u, mask=m_mask[:, None] & n_mask[None, :])
+        if SERIAL_K:
+            _serial_splitk_epilogue(out_ptr, count_ptr, final_ptr, pid_m, pid_n, pair, m_mask, n_offs, n_mask, g_row,
+                                    u_row, expert, n_pairs, a_scale_ptr, expert_scale_ptr, bias_ptr, N_OUT, N_ROWS,
+                                    alpha, beta, beta_lin, limit, q_scale_ptr, A_SCALE, HAS_EXPERT_SCALE, HAS_BIAS,
+                                    GATED, ACT, APPLY_ACT, HAS_LIMIT, QUANT_NVFP4, SPLIT_K, BLOCK_M, BLOCK_N)
     else:
         _epilogue(acc_g, acc_u, pair, m_mask, n_offs, n_mask, g_row, u_row, expert, a_scale_ptr, expert_scale_ptr,
                   bias_ptr, out_ptr, N_OUT, N_ROWS, alpha, beta, beta_lin, limit, A_SCALE, HAS_EXPERT_SCALE, HAS_BIAS,
                   GATED, ACT, APPLY_ACT, HAS_LIMIT, q_scale_ptr, QUANT_NVFP4, BLOCK_M, BLOCK_N)
 
 
+
+
+@_device
+def _serial_splitk_epilogue(part_ptr, count_ptr, out_ptr, pid_m, pid_n, pair, m_mask, n_offs, n_mask, g_row, u_row,
+                            expert, n_pairs, a_scale_ptr, expert_scale_ptr, bias_ptr, N_OUT, N_ROWS, alpha, beta,
+                            beta_lin, limit, q_scale_ptr, A_SCALE: tl.constexpr, HAS_EXPERT_SCALE: tl.constexpr,
+                            HAS_BIAS: tl.constexpr, GATED: tl.constexpr, ACT: tl.constexpr, APPLY_ACT: tl.constexpr,
+                            HAS_LIMIT: tl.constexpr, QUANT_NVFP4: tl.constexpr, SPLIT_K: tl.constexpr,
+                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """moe_gemm_kernel's SERIAL_K: after this program's partial sums of tile (pid_m, pid_n) are stored, count it in;
+    the tile's last program finishes it as splitk_epilogue_kernel would: the partial sums [SPLIT_K, pairs, 2, N_OUT]
+    added in split order from zero, then _epilogue, into out_ptr; then the count is set back to zero."""
+    # every thread's stores before the one count a program (its release makes them visible to the program that
+    # counts last, whose acquire orders its loads after the other programs' stores; the loads skip L1: .cg)
+    tl.debug_barrier()
+    tile = pid_m * tl.cdiv(N_OUT, BLOCK_N) + pid_n
+    arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
+    if arrived == SPLIT_K - 1:
+        mask = m_mask[:, None] & n_mask[None, :]
+        acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for s in tl.static_range(SPLIT_K):
+            part = ((s * n_pairs + pair.to(tl.int64))[:, None] * 2) * N_OUT + n_offs[None, :]
+            acc_g += tl.load(part_ptr + part, mask=mask, other=0.0, cache_modifier=".cg")
+            if GATED:
+                acc_u += tl.load(part_ptr + part + N_OUT, mask=mask, other=0.0, cache_modifier=".cg")
+        if not GATED:
+            acc_u = acc_g
+        _epilogue(acc_g, acc_u, pair, m_mask, n_offs, n_mask, g_row, u_row, expert, a_scale_ptr, expert_scale_ptr,
+                  bias_ptr, out_ptr, N_OUT, N_ROWS, alpha, beta, beta_lin, limit, A_SCALE, HAS_EXPERT_SCALE, HAS_BIAS,
+                  GATED, ACT, APPLY_ACT, HAS_LIMIT, q_scale_ptr, QUANT_NVFP4, BLOCK_M, BLOCK_N)
+        tl.atomic_xchg(count_ptr + tile, 0)  # ready for the next launch
 
 
 @_device
