@@ -267,17 +267,11 @@ def test_serial_split_k_finishes_each_tile_in_the_gemms_launch_with_the_epilogue
     a tile count left unreset (the second call's tiles would never finish) fails, and the counts are zero after."""
     from harness.backends import load_backend
     from harness.backends import triton_kernels as K
+    from harness.backends.compile_check import LaunchLog
     from harness.core.conformance import Shape, backend_shape, case_checkpoint, case_inputs
 
-    epilogues = []
-    real = K.splitk_epilogue_kernel
-
-    class _Counting:
-        def __getitem__(self, grid):
-            epilogues.append(grid)
-            return real[grid]
-
-    monkeypatch.setattr(K, "splitk_epilogue_kernel", _Counting())
+    monkeypatch.setattr(K, "splitk_epilogue_kernel", LaunchLog(K.splitk_epilogue_kernel))
+    epilogues = K.splitk_epilogue_kernel.grids
     for fold, serials in ((True, (0, 1, 1)), (False, (0, 1))):
         outs = []
         backend = load_backend("triton_bitplace")
@@ -297,6 +291,60 @@ def test_serial_split_k_finishes_each_tile_in_the_gemms_launch_with_the_epilogue
         assert outs[0].abs().sum() > 0
         for out in outs[1:]:
             assert torch.equal(out.view(torch.int16), outs[0].view(torch.int16)), (fold, scheme, split_k)
+
+@pytest.mark.parametrize("scheme,act", [("w_mxfp4", "SWIGLUOAI"), ("w_nvfp4_a_nvfp4", "SILU")])
+def test_the_gluon_kernels_serial_epilogue_gets_what_splitk_epilogue_kernel_would(scheme, act, monkeypatch):
+    """serial_k through the Gluon kernel (compiled only on the CPU, run on the H200: results/gpu-issue28/run-22): its
+    launch for GEMM1 gets, as SERIAL's operands, exactly the scales, bias, output, scalars and flags that the
+    splitk_epilogue_kernel launch it replaces gets without serial_k (biases, a static activation scale and GEMM1's
+    NVFP4 quantization of GEMM2's input among them), a tile count buffer of zeros, and no epilogue kernel launches."""
+    from harness.backends import gluon_kernels, load_backend
+    from harness.backends import triton_kernels as K
+    from harness.core.conformance import Shape, backend_shape, case_checkpoint, case_inputs
+
+    from harness.backends.compile_check import LaunchLog
+
+    gluon_launches = []
+    monkeypatch.setattr(gluon_kernels, "launch_bitplace_partials",
+                        lambda *args, **kwargs: gluon_launches.append((args, kwargs.get("serial"))))
+    monkeypatch.setattr(K, "splitk_epilogue_kernel", LaunchLog(K.splitk_epilogue_kernel, run=False))
+    monkeypatch.setattr(K, "splitk_topk_reduce_kernel", LaunchLog(K.splitk_topk_reduce_kernel, run=False))
+    epilogues = K.splitk_epilogue_kernel.calls
+    backend = load_backend("triton_bitplace_gluon")
+    backend.device = "cpu"
+    shape = backend_shape(backend, Shape(num_experts=4, hidden_size=256, intermediate_size=128, tokens=2, top_k=2))
+    monkeypatch.setattr(K, "INTERPRET", False)  # prepare() then lays out the kernel's per-chunk scale copy
+    prepared = backend.prepare(case_checkpoint(scheme, act, "e4m3fn", shape, seed=3, bias=True))
+    monkeypatch.setattr(K, "INTERPRET", True)
+    x, w, ids = case_inputs(shape, 5)
+    for serial in (0, 1):
+        backend.configure(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4, split_k=2, serial_k=serial)
+        backend.forward(prepared, x, w, ids)
+    assert len(gluon_launches) == 4 and len(epilogues) == 1, (len(gluon_launches), len(epilogues))
+    (args, _), want_kw = epilogues[0], dict(epilogues[0][1])
+    got = gluon_launches[2][1]  # the serial run's GEMM1
+    assert gluon_launches[0][1] is None and gluon_launches[1][1] is None and gluon_launches[3][1] is None
+    # splitk_epilogue_kernel(part, ids, a_scale, expert_scale, bias, out, n_pairs, N_OUT, N_ROWS, alpha, beta,
+    # beta_lin, limit, ...): the same tensors (by address: a view of the same storage is the same operand), or where
+    # absent the same stand-in (the launch's own output)
+    for name, i in (("a_scale_ptr", 2), ("expert_scale_ptr", 3), ("bias_ptr", 4)):
+        if args[i] is args[5]:
+            assert got[name] is got["final_ptr"], name
+        else:
+            assert got[name].data_ptr() == args[i].data_ptr() and got[name].dtype == args[i].dtype, name
+    assert got["final_ptr"].shape == args[5].shape and got["final_ptr"].dtype == args[5].dtype
+    assert [got[k] for k in ("alpha", "beta", "beta_lin", "limit")] == list(args[9:13])
+    for flag in ("A_SCALE", "HAS_EXPERT_SCALE", "HAS_BIAS", "INTERLEAVED", "ACT", "APPLY_ACT", "HAS_LIMIT",
+                 "QUANT_NVFP4"):
+        assert got[flag] == want_kw[flag], flag
+    if want_kw["q_scale_ptr"] is args[5]:
+        assert got["q_scale_ptr"] is got["final_ptr"]
+    else:
+        assert got["q_scale_ptr"].data_ptr() == want_kw["q_scale_ptr"].data_ptr()
+    assert got["HAS_BIAS"] and got["QUANT_NVFP4"] == (scheme == "w_nvfp4_a_nvfp4") and got["A_SCALE"] == (
+        scheme == "w_nvfp4_a_nvfp4")
+    assert got["count_ptr"].dtype == torch.int32 and not bool(got["count_ptr"].any())
+
 
 @triton.jit
 def _block_order_kernel(out_ptr):

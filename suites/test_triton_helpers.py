@@ -98,27 +98,23 @@ def test_the_routing_launch_quantizes_gemm1_s_nvfp4_input_bit_for_bit():
         _, _, ref = backend._nvfp4(x, s_dec, values=True)
         assert torch.equal(values.view(torch.int16), ref.view(torch.int16)), name
         assert ref.abs().max() > 0
-    launches = []
-    real = K.nvfp4_quantize_kernel
-
-    class _Counting:
-        def __getitem__(self, grid):
-            launches.append(grid)
-            return real[grid]
+    from harness.backends.compile_check import LaunchLog
 
     shape = Shape(num_experts=4, hidden_size=128, intermediate_size=96, tokens=3, top_k=2)
     ckpt = case_checkpoint("w_nvfp4_a_nvfp4", "SILU", "e4m3fn", shape, 1, False)
     x, w, ids = case_inputs(shape, 1)
-    outs = []
+    outs, launches = [], []
+    real = K.nvfp4_quantize_kernel
     try:
-        K.nvfp4_quantize_kernel = _Counting()
+        K.nvfp4_quantize_kernel = log = LaunchLog(real)
         for fold in (True, False):
             backend.fold_epilogues = fold
+            before = len(log.grids)
             outs.append(backend.forward(backend.prepare(ckpt), x.to(device), w.to(device), ids.to(device)))
-            launches.append(fold)
+            launches.append(len(log.grids) - before)
     finally:
         K.nvfp4_quantize_kernel = real
-    assert launches[:1] == [True] and len(launches) == 4 and launches[-1] is False, launches
+    assert launches == [0, 2], launches
     assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
 
 
@@ -129,7 +125,8 @@ def test_the_kernels_a_forward_launches_compile_for_sm90_without_a_gpu(tmp_path)
     two types in _weight_tile's bf16 path) fails here rather than on a GPU loan. Every variant in one process (each
     distinct launch compiled once; GEMM2's K 3 chunks, so that loops are compiled, not folded):
     - the table's tiles at one token and 2048 (the decode row with split-K and its epilogues, the prefill row with
-      GEMM1's own NVFP4 epilogue), every Triton backend; split-K finished in the GEMM's own launch (serial_k);
+      GEMM1's own NVFP4 epilogue), every Triton backend; split-K finished in the GEMM's own launch (serial_k:
+      moe_gemm_kernel, and the Gluon kernel split with pdl and unsplit on two warpgroups);
     - prefill by TMA (tma 1): bf16 weights interleaved (one 256-row box) and in halves, 8 warps, 4 stages; the
       bit-placement loop's activations (MXFP4, NVFP4 W4A4); bf16 weights alone (tma 2); 128-row blocks with 64-row
       tails (tail_m); persistent grids (one flattened loop over the tiles), bf16 by TMA with GEMM2 at 256 columns and
@@ -156,6 +153,11 @@ def test_the_kernels_a_forward_launches_compile_for_sm90_without_a_gpu(tmp_path)
     # split-K finished in the GEMM's launch by each tile's last split (serial_k; GEMM1 quantizing GEMM2's NVFP4 input)
     serial = ("triton_bitplace/w_nvfp4_a_nvfp4/SILU@block_m=16,block_n=64,block_k=128,num_warps=4,num_stages=3,"
               "split_k=2,serial_k=1,tokens=1")
+    # the Gluon kernel's (SERIAL): split with pdl (GEMM1 quantizing GEMM2's NVFP4 input), unsplit on two warpgroups
+    gluon_serial = {"triton_bitplace_gluon/w_nvfp4_a_nvfp4/SWIGLUOAI@tokens=1,block_m=16,num_warps=4,block_n=64,"
+                    "split_k=2,pdl=1,serial_k=1": 1,
+                    "triton_bitplace_gluon/w_mxfp4/SWIGLUOAI@tokens=1,block_m=16,num_warps=4,block_n=128,split_k=1,"
+                    "serial_k=1": 0}
     bf16_tma = "block_m=128,block_n=128,block_k=64,num_warps=8,num_stages=4,group_m=8,tma=1,tokens=2048"
     fp4_tma = "block_m=64,block_n=64,block_k=128,num_warps=4,num_stages=3,group_m=8,tma=1,tokens=2048"
     tma = [f"triton_emulation/bf16/SWIGLUOAI@{bf16_tma}", f"triton_emulation/bf16/SILU@{bf16_tma}",
@@ -180,7 +182,7 @@ def test_the_kernels_a_forward_launches_compile_for_sm90_without_a_gpu(tmp_path)
                  (0, 64, "w_nvfp4_a_nvfp4/SWIGLUOAI", 1, 1))}
     default_gluon = "triton_bitplace_gluon/w_mxfp4/SWIGLUOAI@tokens=1"
     cmd = [sys.executable, "-m", "harness.backends.compile_check", "--tokens", "1", "2048", "--intermediate", "384"]
-    for case in cases + [serial] + tma + tails + persistent + list(gluon) + [default_gluon]:
+    for case in cases + [serial] + tma + tails + persistent + list(gluon) + [default_gluon] + list(gluon_serial):
         cmd += ["--case", case]
     # an empty Triton cache, so that ptxas runs for every launch and its log says whether wgmma was serialized
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=Path(__file__).resolve().parents[1],
@@ -195,6 +197,9 @@ def test_the_kernels_a_forward_launches_compile_for_sm90_without_a_gpu(tmp_path)
     for case in tma:
         assert "moe_gemm_kernel x2" in launched[case], launched[case]
     assert "moe_gemm_kernel x2, splitk_topk_reduce_kernel x1)" in launched[serial], launched[serial]
+    for case, pdl in gluon_serial.items():  # no splitk_epilogue_kernel: GEMM1 finishes its tiles itself
+        assert "bitplace_partials_kernel x2, splitk_topk_reduce_kernel x1)" in launched[case], launched[case]
+        assert launched[case].endswith(f" {3 if pdl else 0} dependents"), launched[case]
     for case in tails:
         assert "moe_gemm_kernel x4" in launched[case], launched[case]
     for case in persistent:

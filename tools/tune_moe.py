@@ -58,12 +58,15 @@ BITPLACE_DECODE = [dict(block_m=16, block_n=n, block_k=128, num_warps=w, num_sta
 # schedule 2 never won)
 # GEMM2 with two consumer warpgroups a program (w2_block_n 128) apart from GEMM1 likewise; pdl 1 the chain as
 # programmatic dependents (triton_kernels.PDL_ORDER), 2 the same without GEMM2's L2 prefetch; --where picks a part)
-# persistent 1: each GEMM as a persistent grid (schedule 0 only); 1728 configs a point: restrict with --where; block_n 128 and split 3 / 4 for one token, where GEMM1 is one partial
+# persistent 1: each GEMM as a persistent grid (schedule 0 only); 2592 configs a point: restrict with --where; block_n 128 and split 3 / 4 for one token, where GEMM1 is one partial
 # wave: run-11's Kimi-K2 one token at block_n 128 93.2 us against 96.5)
+# serial_k 1: GEMM1's epilogue in its own launch (the tile's last split; not with persistent)
 GLUON_DECODE = [dict(block_m=16, block_n=n, block_k=128, num_warps=4, num_stages=s, maxnreg=80, split_k=sk,
-                     mma_overlap=o, w2_mma_overlap=o2, w2_block_n=n2, pdl=pdl, persistent=ps)
-                for n, s, sk, o, o2, n2, pdl, ps in itertools.product((64, 128), (3, 4, 6), (1, 2, 3, 4), (0, 1),
-                                                                      (0, 1, 2), (64, 128), (0, 1, 2), (0, 1))]
+                     mma_overlap=o, w2_mma_overlap=o2, w2_block_n=n2, pdl=pdl, persistent=ps, serial_k=sr)
+                for n, s, sk, o, o2, n2, pdl, ps, sr in itertools.product((64, 128), (3, 4, 6), (1, 2, 3, 4), (0, 1),
+                                                                          (0, 1, 2), (64, 128), (0, 1, 2), (0, 1),
+                                                                          (0, 1))
+                if not (ps and sr)]
 # prefill: 64 weight rows a program on one warpgroup, or 128 on two (8 warps: the activation tile shared by both, no
 # decode done twice); mma_steps 2 halves the decoded tile held in registers (255 a thread at 128 rows either way)
 BITPLACE_PREFILL = [dict(block_m=m, block_n=n, block_k=128, num_warps=w, num_stages=s, group_m=g, tma=t, tail_m=tm,

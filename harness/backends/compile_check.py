@@ -47,6 +47,20 @@ class _Recorded(list):
     """(kernel name, JIT function, args, kwargs) of each launch."""
 
 
+class LaunchLog:
+    """A stand-in for a kernel's launcher (K.<kernel>[grid](...)) in tests: each launch's grid goes to `grids`,
+    then the real kernel runs it (run=True) or its arguments go to `calls` as (args, kwargs) and nothing runs."""
+
+    def __init__(self, kernel, run: bool = True):
+        self.kernel, self.run, self.grids, self.calls = kernel, run, [], []
+
+    def __getitem__(self, grid):
+        self.grids.append(grid)
+        if self.run:
+            return self.kernel[grid]
+        return lambda *args, **kwargs: self.calls.append((args, kwargs))
+
+
 def record_launches(backend, ckpt, x, w, ids) -> _Recorded:
     """The forward's kernel launches, none executed (their outputs stay as allocated)."""
     from harness.backends import triton_kernels as K

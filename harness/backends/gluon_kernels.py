@@ -31,6 +31,12 @@ kernel: on the H200 bit for bit with triton_bitplace (run-11).
 PERSIST (the tiles' `persistent`, opt-in): the programs that fit at once, each running the plain grid's programs as
 work items on one ring (_consumer_items / _producer_items). Bit for bit on the H200 but 5-16% slower at every decode
 point (results/gpu-issue28/run-13: gpt-oss-120b 8 tokens 140.8 -> 159.6 us, Kimi-K2 64 tokens 2067.6 -> 2161.1).
+SERIAL (the tiles' `serial_k`, opt-in; not persistent): after its partial sums a consumer warpgroup syncs its own
+threads (a barrier of the partition: bar.sync 0 / 2, 128 in the PTX), counts its 64-row tile in (one acquire-release
+atomic), and the tile's last split adds the SPLIT_K partial sums back from L2 in split order and runs
+triton_kernels._epilogue into the GEMM's output, splitk_epilogue_kernel's work and operands (GEMM1's launch of it
+dropped; compiled without contracted multiply-adds, as that kernel is). Compiled for sm90 by Triton 3.6 at 80
+registers without spills (two warpgroups and one, split and not); not yet run on a GPU (results/gpu-issue28/run-22).
 """
 
 from __future__ import annotations
@@ -48,6 +54,8 @@ from .triton_kernels import gdc_launch_dependents, gdc_wait
 # the loads by their Triton 3.6 names (the H200's) or the later ones (this venv's 3.9 removed the old names)
 _cp_async = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+# a barrier of the calling partition's threads (Triton 3.6's thread_barrier, later releases' barrier)
+_partition_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 
 # Codes of a 64-row tile from shared memory, [32 row pairs, 32 words] (pair m holds rows 2m, 2m + 1: words 0-15,
 # 16-31): thread (warp w, lane 4g + t) gets rows 16w + g and 16w + g + 8 (pair 8w + 4h + g // 2, half g % 2),
@@ -237,13 +245,19 @@ def _producer(codes_desc, scales_desc, a_ptr, sorted_rows_ptr, n_pairs, a_row_di
 def _consumer(code_s, scale_s, x_s, ready, empty, c_lo, c_hi, out_ptr, sorted_rows_ptr, n_pairs, N_OUT, pid_m, pid_s,
               g_col, TILE: gl.constexpr, TILES: gl.constexpr, GATED: gl.constexpr, W_NV: gl.constexpr,
               STAGES: gl.constexpr, BM: gl.constexpr, ACC_L: gl.constexpr, DOT: gl.constexpr, PAIRS: gl.constexpr,
-              ROWS3: gl.constexpr, SVIEW: gl.constexpr, OVERLAP: gl.constexpr, it0=0):
+              ROWS3: gl.constexpr, SVIEW: gl.constexpr, OVERLAP: gl.constexpr, it0=0, SPLIT_K: gl.constexpr = 1,
+              SERIAL: gl.constexpr = 0, count_ptr=None, block_expert_ptr=None, final_ptr=None, a_scale_ptr=None,
+              expert_scale_ptr=None, bias_ptr=None, q_scale_ptr=None, N_ROWS=0, alpha=0.0, beta=0.0, beta_lin=0.0,
+              limit=0.0, A_SCALE: gl.constexpr = 0, HAS_EXPERT_SCALE: gl.constexpr = False,
+              HAS_BIAS: gl.constexpr = False, INTERLEAVED: gl.constexpr = False, ACT: gl.constexpr = 0,
+              APPLY_ACT: gl.constexpr = False, HAS_LIMIT: gl.constexpr = False, QUANT_NVFP4: gl.constexpr = False):
     """One warpgroup's 64-row tile TILE of the program's TILES (its slots of the ring, its partial sums), the work
     item's first K step at ring position it0 (schedule 0 only: 1 and 2 start at 0, never persistent).
     OVERLAP 0: the up tile's decode overlaps the gate tile's MMA, each step waits for its MMAs; 1: two tiles
     decoded before their MMAs (two independent instruction chains for the scheduler; ungated, one tile a step, the
     tiles of two steps), each step waits; 2: as 1 gated, and a step's MMAs run on during the next step's decode
-    (its slot is released one step later)."""
+    (its slot is released one step later).
+    SERIAL: the tile's last split finishes it here (_serial_epilogue), not splitk_epilogue_kernel."""
     NB: gl.constexpr = 2 if GATED else 1
     SL: gl.constexpr = gl.SliceLayout(1, ROWS3)
     acc_g = gl.zeros([64, BM], gl.float32, ACC_L)
@@ -319,6 +333,52 @@ def _consumer(code_s, scale_s, x_s, ready, empty, c_lo, c_hi, out_ptr, sorted_ro
     gl.store(out_ptr + part, acc_g, mask=mask)
     if GATED:
         gl.store(out_ptr + part + N_OUT, acc_u, mask=mask)
+    if SERIAL:
+        # the warpgroup's partial stores (a barrier of its 128 threads: bar.sync of the partition), then one count a
+        # tile (acquire-release: the last split's loads see every split's stores; they read past L1)
+        _partition_barrier()
+        if SPLIT_K == 1:
+            _serial_epilogue(out_ptr, sorted_rows_ptr, n_pairs, N_OUT, pid_m, g_col, GATED, SPLIT_K, BM, count_ptr,
+                             block_expert_ptr, final_ptr, a_scale_ptr, expert_scale_ptr, bias_ptr, q_scale_ptr, N_ROWS,
+                             alpha, beta, beta_lin, limit, A_SCALE, HAS_EXPERT_SCALE, HAS_BIAS, INTERLEAVED, ACT,
+                             APPLY_ACT, HAS_LIMIT, QUANT_NVFP4)
+        else:
+            tile = pid_m * ((N_OUT + 63) // 64) + g_col // 64
+            arrived = gl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
+            if arrived == SPLIT_K - 1:
+                _serial_epilogue(out_ptr, sorted_rows_ptr, n_pairs, N_OUT, pid_m, g_col, GATED, SPLIT_K, BM,
+                                 count_ptr, block_expert_ptr, final_ptr, a_scale_ptr, expert_scale_ptr, bias_ptr,
+                                 q_scale_ptr, N_ROWS, alpha, beta, beta_lin, limit, A_SCALE, HAS_EXPERT_SCALE, HAS_BIAS,
+                                 INTERLEAVED, ACT, APPLY_ACT, HAS_LIMIT, QUANT_NVFP4)
+                gl.atomic_xchg(count_ptr + tile, 0)  # ready for the next launch
+
+
+EPILOGUE = gl.constexpr(gl.BlockedLayout([1, 2], [4, 8], [4, 1], [1, 0]))  # [16 pairs, 64 rows] over a warpgroup
+
+
+@gluon.jit
+def _serial_epilogue(part_ptr, sorted_rows_ptr, n_pairs, N_OUT, pid_m, g_col, GATED: gl.constexpr,
+                     SPLIT_K: gl.constexpr, BM: gl.constexpr, count_ptr, block_expert_ptr, final_ptr, a_scale_ptr,
+                     expert_scale_ptr, bias_ptr, q_scale_ptr, N_ROWS, alpha, beta, beta_lin, limit,
+                     A_SCALE: gl.constexpr, HAS_EXPERT_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr,
+                     INTERLEAVED: gl.constexpr, ACT: gl.constexpr, APPLY_ACT: gl.constexpr, HAS_LIMIT: gl.constexpr,
+                     QUANT_NVFP4: gl.constexpr):
+    """splitk_epilogue_kernel's work for one 64-row tile of one expert block: the partial sums
+    [SPLIT_K, pairs, 2, N_OUT] added in split order from zero, then triton_kernels._epilogue (scales, bias, the bf16
+    rounding points, the activation, GEMM2's NVFP4 input where GEMM1 quantizes it) into the output: the same
+    operations on the same values, so the same bits (final_ptr the output; the rest splitk_epilogue_kernel's)."""
+    pair = gl.load(sorted_rows_ptr + pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, EPILOGUE)))
+    m_mask = pair < n_pairs
+    n_offs = g_col + gl.arange(0, 64, layout=gl.SliceLayout(0, EPILOGUE))
+    n_mask = n_offs < N_OUT
+    acc_g, acc_u = K.add_split_partials(part_ptr, gl.zeros([BM, 64], gl.float32, EPILOGUE),
+                                        gl.zeros([BM, 64], gl.float32, EPILOGUE), pair, m_mask, n_offs, n_mask,
+                                        n_pairs, N_OUT, GATED, SPLIT_K, ".cg")
+    expert = gl.load(block_expert_ptr + pid_m)
+    g_row, u_row = K._gate_up_rows(n_offs, N_OUT, GATED, INTERLEAVED)
+    K._epilogue(acc_g, acc_u, pair, m_mask, n_offs, n_mask, g_row, u_row, expert, a_scale_ptr, expert_scale_ptr,
+                bias_ptr, final_ptr, N_OUT, N_ROWS, alpha, beta, beta_lin, limit, A_SCALE, HAS_EXPERT_SCALE, HAS_BIAS,
+                GATED, ACT, APPLY_ACT, HAS_LIMIT, q_scale_ptr, QUANT_NVFP4, BM, 64)
 
 
 @gluon.jit
@@ -394,7 +454,13 @@ def bitplace_partials_kernel(codes_desc, scales_desc, a_ptr, out_ptr, sorted_row
                              SPLIT_K: gl.constexpr, OVERLAP: gl.constexpr, TILES: gl.constexpr, ACC_L: gl.constexpr,
                              DOT: gl.constexpr, PAIRS: gl.constexpr, ROWS3: gl.constexpr, SVIEW: gl.constexpr,
                              XS: gl.constexpr, XL: gl.constexpr, codes_ptr=None, scales_ptr=None,
-                             PDL: gl.constexpr = 0, PERSIST: gl.constexpr = 0, n_blocks=0):
+                             PDL: gl.constexpr = 0, PERSIST: gl.constexpr = 0, n_blocks=0, SERIAL: gl.constexpr = 0,
+                             count_ptr=None, final_ptr=None, a_scale_ptr=None, expert_scale_ptr=None, bias_ptr=None,
+                             q_scale_ptr=None, alpha=0.0, beta=0.0, beta_lin=0.0, limit=0.0,
+                             A_SCALE: gl.constexpr = 0, HAS_EXPERT_SCALE: gl.constexpr = False,
+                             HAS_BIAS: gl.constexpr = False, INTERLEAVED: gl.constexpr = False, ACT: gl.constexpr = 0,
+                             APPLY_ACT: gl.constexpr = False, HAS_LIMIT: gl.constexpr = False,
+                             QUANT_NVFP4: gl.constexpr = False):
     """fp32 partial sums [SPLIT_K, pairs, 2, N_OUT] of expert block program_id(0) (16 pairs), output rows
     64 TILES program_id(1) .. + 64 TILES - 1 (gate; up N_OUT rows on when GATED), K chunks of share program_id(2).
     TILES 2: two consumer warpgroups, a 64-row tile each, on one ring (the activation rows loaded once).
@@ -403,12 +469,16 @@ def bitplace_partials_kernel(codes_desc, scales_desc, a_ptr, out_ptr, sorted_row
     behind the descriptors) first, then waits; both then let the next kernel launch.
     PERSIST 1: a persistent grid (one dimension, at most the programs that fit at once): each program runs the work
     items program_id(0), + num_programs(0), ... of the plain grid's n_blocks x N tiles x SPLIT_K (_item) on one ring,
-    the next item's loads under the last one's MMAs and stores (schedule 0; PDL 1 or none)."""
+    the next item's loads under the last one's MMAs and stores (schedule 0; PDL 1 or none).
+    SERIAL 1 (not persistent): each 64-row tile finished in this launch by its last split (count_ptr: an int32 a tile,
+    zero before the launch and reset after; _serial_epilogue into final_ptr with splitk_epilogue_kernel's operands
+    and flags), instead of a splitk_epilogue_kernel launch after it."""
     BM: gl.constexpr = 16
     if PDL == 1:
         gdc_wait()
         gdc_launch_dependents()
     if PERSIST:
+        gl.static_assert(SERIAL == 0, "a persistent launch leaves the epilogue to splitk_epilogue_kernel")
         code_s, scale_s, x_s, ready, empty = _ring(codes_desc, scales_desc, GATED, W_NV, STAGES, TILES, BM, XS)
         n_tiles = gl.cdiv(N_OUT, 64 * TILES)
         if TILES == 1:
@@ -454,8 +524,10 @@ def bitplace_partials_kernel(codes_desc, scales_desc, a_ptr, out_ptr, sorted_row
                 gl.warp_specialize(
                     [(_consumer, (code_s, scale_s, x_s, ready, empty, c_lo, c_hi, out_ptr, sorted_rows_ptr, n_pairs,
                                   N_OUT, pid_m, pid_s, g_col, 0, TILES, GATED, W_NV, STAGES, BM, ACC_L, DOT, PAIRS,
-                                  ROWS3,
-                                  SVIEW, OVERLAP)),
+                                  ROWS3, SVIEW, OVERLAP, 0, SPLIT_K, SERIAL, count_ptr, block_expert_ptr, final_ptr,
+                                  a_scale_ptr, expert_scale_ptr, bias_ptr, q_scale_ptr, N_ROWS, alpha, beta, beta_lin,
+                                  limit, A_SCALE, HAS_EXPERT_SCALE, HAS_BIAS, INTERLEAVED, ACT, APPLY_ACT, HAS_LIMIT,
+                                  QUANT_NVFP4)),
                      (_producer, (codes_desc, scales_desc, a_ptr, sorted_rows_ptr, n_pairs, a_row_div, K, N_OUT, code_s,
                                   scale_s, x_s, ready, empty, pid_m, code_row, scale_row, g_col, c_lo, c_hi, N_ROWS,
                                   GATED, W_NV, STAGES, TILES, BM, XL))],
@@ -464,12 +536,16 @@ def bitplace_partials_kernel(codes_desc, scales_desc, a_ptr, out_ptr, sorted_row
                 gl.warp_specialize(
                     [(_consumer, (code_s, scale_s, x_s, ready, empty, c_lo, c_hi, out_ptr, sorted_rows_ptr, n_pairs,
                                   N_OUT, pid_m, pid_s, g_col, 0, TILES, GATED, W_NV, STAGES, BM, ACC_L, DOT, PAIRS,
-                                  ROWS3,
-                                  SVIEW, OVERLAP)),
+                                  ROWS3, SVIEW, OVERLAP, 0, SPLIT_K, SERIAL, count_ptr, block_expert_ptr, final_ptr,
+                                  a_scale_ptr, expert_scale_ptr, bias_ptr, q_scale_ptr, N_ROWS, alpha, beta, beta_lin,
+                                  limit, A_SCALE, HAS_EXPERT_SCALE, HAS_BIAS, INTERLEAVED, ACT, APPLY_ACT, HAS_LIMIT,
+                                  QUANT_NVFP4)),
                      (_consumer, (code_s, scale_s, x_s, ready, empty, c_lo, c_hi, out_ptr, sorted_rows_ptr, n_pairs,
                                   N_OUT, pid_m, pid_s, g_col + 64, 1, TILES, GATED, W_NV, STAGES, BM, ACC_L, DOT, PAIRS,
-                                  ROWS3,
-                                  SVIEW, OVERLAP)),
+                                  ROWS3, SVIEW, OVERLAP, 0, SPLIT_K, SERIAL, count_ptr, block_expert_ptr, final_ptr,
+                                  a_scale_ptr, expert_scale_ptr, bias_ptr, q_scale_ptr, N_ROWS, alpha, beta, beta_lin,
+                                  limit, A_SCALE, HAS_EXPERT_SCALE, HAS_BIAS, INTERLEAVED, ACT, APPLY_ACT, HAS_LIMIT,
+                                  QUANT_NVFP4)),
                      (_producer, (codes_desc, scales_desc, a_ptr, sorted_rows_ptr, n_pairs, a_row_div, K, N_OUT, code_s,
                                   scale_s, x_s, ready, empty, pid_m, code_row, scale_row, g_col, c_lo, c_hi, N_ROWS,
                                   GATED, W_NV, STAGES, TILES, BM, XL))],
@@ -489,7 +565,7 @@ def scales_by_chunk(scales, n_rows: int, chunks: int, per_chunk: int = 4):
 def launch_bitplace_partials(launcher, codes, scales_t, a, partials, sorted_rows, block_expert, n_pairs: int,
                              a_row_div: int, n_out: int, n_rows: int, k_dim: int, gated: bool, split_k: int,
                              stages: int, maxnreg: int, overlap: int = 0, tiles: int = 1, nvfp4: int = 0,
-                             pdl: int = 0, persistent: int = 0):
+                             pdl: int = 0, persistent: int = 0, serial: dict | None = None):
     """One launch of bitplace_partials_kernel through `launcher` (triton_kernels' attribute, so that
     compile_check can record it): codes [E, N_ROWS, chunks * 64] bytes (rows in pairs), scales_t from
     scales_by_chunk, partials fp32 [split_k, n_pairs, 2, n_out]; overlap: the consumer's schedule (_consumer);
@@ -498,9 +574,13 @@ def launch_bitplace_partials(launcher, codes, scales_t, a, partials, sorted_rows
     number (triton_kernels._nvfp4_factor_words' NORMAL); pdl: 0, or the kernel's PDL mode as a
     programmatic dependent (1 GEMM1, 2 GEMM2: ungated only; triton_kernels.PDL_ORDER); persistent: 0, or that many
     programs, each running the plain grid's programs program_id, + persistent, ... on one ring (PERSIST; schedule 0,
-    GEMM2's prefetch mode 2 as mode 1: the items' weights are not one program's)."""
+    GEMM2's prefetch mode 2 as mode 1: the items' weights are not one program's); serial: None, or the kernel's
+    SERIAL operands (count_ptr, final_ptr, splitk_epilogue_kernel's scales, bias, scalars and flags): each tile finished
+    in this launch, no epilogue kernel after it."""
     if pdl == 2 and gated:
         raise ValueError("pdl 2 (weights prefetched before the wait) is GEMM2's mode: ungated tiles only")
+    if persistent and serial:
+        raise ValueError("a persistent launch leaves the epilogue to splitk_epilogue_kernel: serial with persistent 0")
     if persistent and overlap != 0:
         raise ValueError(f"a persistent launch runs the consumer's schedule 0 only, not {overlap}")
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -515,6 +595,8 @@ def launch_bitplace_partials(launcher, codes, scales_t, a, partials, sorted_rows
         scales_desc = TensorDescriptor.from_tensor(scales_t, SCALE_BOX, SCALE_SMEM)
     grid = (block_expert.numel(), -(-n_out // (64 * tiles)), split_k)
     extra = dict(codes_ptr=codes, scales_ptr=scales_t, PDL=pdl, launch_pdl=True) if pdl else {}
+    if serial:  # the epilogue's products and sums rounded one by one, as splitk_epilogue_kernel's (no contraction)
+        extra.update(SERIAL=1, enable_fp_fusion=False, **serial)
     if persistent:
         grid = (min(persistent, grid[0] * grid[1] * grid[2]),)
         extra.update(PERSIST=1, n_blocks=block_expert.numel(), **(dict(PDL=1) if pdl else {}))

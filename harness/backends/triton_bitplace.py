@@ -40,6 +40,11 @@ from .triton_emulation import TritonEmulationBackend, multiprocessors, split_k_t
 # NVFP4 conformance and special values 72 passed, bit for bit against moe_gemm_kernel at 1 / 8 / 64 tokens, memcheck
 # 0; NVFP4 decode 0-1.7% faster (Kimi-K2 8 tokens 508.0 -> 499.6 us). MOE_CONFORMANCE_NVFP4_EXPONENT_ADD=0: multiplies
 NVFP4_EXPONENT_ADD = os.environ.get("MOE_CONFORMANCE_NVFP4_EXPONENT_ADD", "1") == "1"
+# The decode row's split-K tiles finished in the GEMM's own launch by their last split (the tile key serial_k:
+# moe_gemm_kernel's SERIAL_K, the Gluon kernel's SERIAL), one launch fewer (GEMM1's splitk_epilogue_kernel): bit for
+# bit under the interpreter (moe_gemm_kernel), compiled for sm90 (both), not yet timed or run on a GPU
+# (results/gpu-issue28/run-22, PART=serial-check / serial-bench). MOE_CONFORMANCE_SERIAL_K=1 turns it on for the A/B.
+SERIAL_K = os.environ.get("MOE_CONFORMANCE_SERIAL_K", "0") == "1"
 
 # (max pairs, tiles), first match wins: the H200 sweep of tools/tune_moe.py (BENCHMARKS.md "Issue 28";
 # results/gpu-issue28/run-2, both code layouts, 1 / 8 / 64 tokens, gpt-oss-120b and Kimi-K2 MXFP4). Decode (up to
@@ -103,7 +108,7 @@ class TritonBitplaceBackend(TritonEmulationBackend):
             return dict(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=2)
         for max_pairs, kinds, cfg in BITPLACE_TILES:
             if n_pairs <= max_pairs and (kinds is None or weight_kind in kinds):
-                return dict(cfg)
+                return dict(cfg, **({"serial_k": 1} if SERIAL_K and cfg["block_m"] == 16 else {}))
         raise AssertionError("BITPLACE_TILES ends with a catch-all row")
 
     def prepare(self, ckpt):
@@ -177,7 +182,8 @@ class TritonBitplaceBackend(TritonEmulationBackend):
         # a persistent grid (the tiles' persistent 1, schedule 0): as many programs as fit on the GPU at once
         persistent = tiles.get("persistent") and overlap == 0
 
-        def run(a, partials, sorted_rows, block_expert, n_pairs, a_row_div, n_out, n_rows, k_dim, gated, split_k):
+        def run(a, partials, sorted_rows, block_expert, n_pairs, a_row_div, n_out, n_rows, k_dim, gated, split_k,
+                serial=None):
             if a.data_ptr() % 16 or a.stride() != (k_dim, 1):  # cp.async moves 16-byte runs of whole rows: a view
                 a = a.clone(memory_format=torch.contiguous_format)  # at an odd offset goes through a fresh copy
             return launch_bitplace_partials(triton_kernels.bitplace_partials_kernel, codes, scales, a, partials,
@@ -185,7 +191,8 @@ class TritonBitplaceBackend(TritonEmulationBackend):
                                             gated, split_k, stages, maxnreg, overlap, per_program,
                                             2 if nvfp4 and prep.constexprs.get("NV_NORMAL") else int(nvfp4), pdl,
                                             gluon_programs_at_once(block_n, maxnreg, stages, gated, nvfp4,
-                                                                   multiprocessors(a.device)) if persistent else 0)
+                                                                   multiprocessors(a.device)) if persistent else 0,
+                                            **({"serial": serial} if serial else {}))
         return run
 
 

@@ -548,8 +548,9 @@ class TritonEmulationBackend:
         if split_k > 1 or partials:
             launch_options["SPLIT_K"] = split_k
             target = torch.empty(split_k, n_pairs, 2, n_out, dtype=torch.float32, device=out.device)
-        # the split-K epilogue in the GEMM's launch (SERIAL_K) where splitk_epilogue_kernel would run
-        serial = bool(tiles.get("serial_k")) and split_k > 1 and not partials and (topk_sum is None or apply_act)
+        # the split-K epilogue in the GEMM's launch (SERIAL_K; a partial-sums kernel's SERIAL) where
+        # splitk_epilogue_kernel would run
+        serial = bool(tiles.get("serial_k")) and (split_k > 1 or bool(partials)) and (topk_sum is None or apply_act)
         a_arg, w_arg = a, w
         bitplace = bool(prep.constexprs.get("BITPLACE"))
         gated = bool(apply_act and act.gated)
@@ -586,14 +587,23 @@ class TritonEmulationBackend:
         if tiles.get("tail_m") and (split_k > 1 or partials):  # their epilogues run over every pair of the GEMM
             raise ValueError(f"tail_m {tiles['tail_m']} (a GEMM in two launches) with split_k {split_k} or a "
                              "partial-sums kernel: the split-K epilogue would read the other launch's pairs unwritten")
-        if serial:
+        if serial and not partials:
             launch_options.update(SERIAL_K=True, count_ptr=self._tile_count_buffer(out.device, grid[0] * grid[1]),
                                   final_ptr=out)
         key = which + "_tail" if tail else which
         self.last_launch[key] = (grid, tiles)
         if partials:  # a subclass's own kernel writes the fp32 partial sums; the epilogue below is the same
+            serial_epilogue = dict(
+                count_ptr=self._tile_count_buffer(out.device, block_expert.numel() * triton_cdiv(n_out, 64)),
+                final_ptr=out, a_scale_ptr=a_scale if a_mode else dummy,
+                expert_scale_ptr=expert_scale if expert_scale is not None else dummy,
+                bias_ptr=bias if bias is not None else dummy, q_scale_ptr=q_scale, alpha=scalars[0], beta=scalars[1],
+                beta_lin=scalars[2], limit=scalars[3], QUANT_NVFP4=quantize,
+                **{k: common[k] for k in ("A_SCALE", "HAS_EXPERT_SCALE", "HAS_BIAS", "INTERLEAVED", "ACT", "APPLY_ACT",
+                                          "HAS_LIMIT")}) if serial else None
             self.last_compiled[key] = partials(a, target, sorted_rows, block_expert, n_pairs, a_row_div, n_out,
-                                                 n_rows, k_dim, bool(apply_act and act.gated), split_k)
+                                                 n_rows, k_dim, bool(apply_act and act.gated), split_k,
+                                                 **({"serial": serial_epilogue} if serial else {}))
         else:
             self.last_compiled[key] = K.moe_gemm_kernel[grid](
                 a_arg, a_scale if a_mode else dummy, w_arg, ws if ws is not None else dummy,

@@ -121,7 +121,8 @@ def _encode_mag(y, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, 
     e_bits = tl.minimum(tl.maximum(e_bits, (EMIN + 127) << 23), (EMAX + 1 + 127) << 23)
     c = (e_bits + ((23 - MBITS) << 23)).to(tl.float32, bitcast=True)
     rounded = (y + c) - c
-    clipped = tl.minimum(rounded, _exp2i(tl.full(y.shape, EMAX + 2, tl.int32)))
+    # 2^(EMAX + 2) in e_bits' shape and layout (tl.full has none to give in a Gluon kernel's epilogue)
+    clipped = tl.minimum(rounded, _exp2i(e_bits * 0 + (EMAX + 2)))
     inv_quantum = (((MBITS + 254) - (e_bits >> 23)) << 23).to(tl.float32, bitcast=True)
     n = (clipped * inv_quantum).to(tl.int32)
     code = ((e_bits >> 23) - (127 + EMIN)) * (1 << MBITS) + n
@@ -149,7 +150,7 @@ def _decode(code, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr):
     code = code.to(tl.int32)
     mag = code & ((1 << (EBITS + MBITS)) - 1)
     normal = ((mag << (23 - MBITS)) + ((127 - BIAS) << 23)).to(tl.float32, bitcast=True)
-    sub = mag.to(tl.float32) * _exp2i(tl.full(mag.shape, 1 - BIAS - MBITS, tl.int32))
+    sub = mag.to(tl.float32) * _exp2i(mag * 0 + (1 - BIAS - MBITS))  # (mag's layout: no tl.full in Gluon)
     v = tl.where(mag < (1 << MBITS), sub, normal)
     return (v.to(tl.int32, bitcast=True) | ((code >> (EBITS + MBITS)) << 31)).to(tl.float32, bitcast=True)
 
@@ -897,6 +898,24 @@ def _moe_tile(a_ptr, a_scale_ptr, w_ptr, ws_ptr, w_block_scale_ptr, expert_scale
 
 
 @_device
+def add_split_partials(part_ptr, acc_g, acc_u, pair, m_mask, n_offs, n_mask, n_pairs, N_OUT, GATED: tl.constexpr,
+                       SPLIT_K: tl.constexpr, CACHE: tl.constexpr):
+    """acc_g, acc_u (zeros, in the caller's shape and layout) plus the split-K partial sums [SPLIT_K, pairs, 2,
+    N_OUT] (fp32; gate, up) of pairs x n, in split order (deterministic; 0 + p0 + p1 ..., the sums every split-K
+    epilogue makes); acc_u is acc_g when not GATED. CACHE: the loads' cache modifier (".cg": past L1, for partial
+    sums other programs of the same launch stored)."""
+    mask = m_mask[:, None] & n_mask[None, :]
+    for s in tl.static_range(SPLIT_K):
+        part = ((s * n_pairs + pair.to(tl.int64))[:, None] * 2) * N_OUT + n_offs[None, :]
+        acc_g += tl.load(part_ptr + part, mask=mask, other=0.0, cache_modifier=CACHE)
+        if GATED:
+            acc_u += tl.load(part_ptr + part + N_OUT, mask=mask, other=0.0, cache_modifier=CACHE)
+    if not GATED:
+        acc_u = acc_g
+    return acc_g, acc_u
+
+
+@_device
 def _serial_splitk_epilogue(part_ptr, count_ptr, out_ptr, pid_m, pid_n, pair, m_mask, n_offs, n_mask, g_row, u_row,
                             expert, n_pairs, a_scale_ptr, expert_scale_ptr, bias_ptr, N_OUT, N_ROWS, alpha, beta,
                             beta_lin, limit, q_scale_ptr, A_SCALE: tl.constexpr, HAS_EXPERT_SCALE: tl.constexpr,
@@ -912,16 +931,9 @@ def _serial_splitk_epilogue(part_ptr, count_ptr, out_ptr, pid_m, pid_n, pair, m_
     tile = pid_m * tl.cdiv(N_OUT, BLOCK_N) + pid_n
     arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
     if arrived == SPLIT_K - 1:
-        mask = m_mask[:, None] & n_mask[None, :]
-        acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for s in tl.static_range(SPLIT_K):
-            part = ((s * n_pairs + pair.to(tl.int64))[:, None] * 2) * N_OUT + n_offs[None, :]
-            acc_g += tl.load(part_ptr + part, mask=mask, other=0.0, cache_modifier=".cg")
-            if GATED:
-                acc_u += tl.load(part_ptr + part + N_OUT, mask=mask, other=0.0, cache_modifier=".cg")
-        if not GATED:
-            acc_u = acc_g
+        acc_g, acc_u = add_split_partials(part_ptr, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32),
+                                          tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), pair, m_mask, n_offs,
+                                          n_mask, n_pairs, N_OUT, GATED, SPLIT_K, ".cg")
         _epilogue(acc_g, acc_u, pair, m_mask, n_offs, n_mask, g_row, u_row, expert, a_scale_ptr, expert_scale_ptr,
                   bias_ptr, out_ptr, N_OUT, N_ROWS, alpha, beta, beta_lin, limit, A_SCALE, HAS_EXPERT_SCALE, HAS_BIAS,
                   GATED, ACT, APPLY_ACT, HAS_LIMIT, q_scale_ptr, QUANT_NVFP4, BLOCK_M, BLOCK_N)
@@ -1011,16 +1023,9 @@ def splitk_epilogue_kernel(part_ptr, ids_ptr, a_scale_ptr, expert_scale_ptr, bia
     m_mask = pair < n_pairs
     n_offs = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = n_offs < N_OUT
-    mask = m_mask[:, None] & n_mask[None, :]
-    acc_g = tl.zeros((BLOCK_P, BLOCK_N), dtype=tl.float32)
-    acc_u = tl.zeros((BLOCK_P, BLOCK_N), dtype=tl.float32)
-    for s in range(SPLIT_K):  # in order: deterministic
-        part = ((s * n_pairs + pair.to(tl.int64))[:, None] * 2) * N_OUT + n_offs[None, :]
-        acc_g += tl.load(part_ptr + part, mask=mask, other=0.0)
-        if GATED:
-            acc_u += tl.load(part_ptr + part + N_OUT, mask=mask, other=0.0)
-    if not GATED:
-        acc_u = acc_g
+    acc_g, acc_u = add_split_partials(part_ptr, tl.zeros((BLOCK_P, BLOCK_N), dtype=tl.float32),
+                                      tl.zeros((BLOCK_P, BLOCK_N), dtype=tl.float32), pair, m_mask, n_offs, n_mask,
+                                      n_pairs, N_OUT, GATED, SPLIT_K, "")
     expert = tl.load(ids_ptr + pair, mask=m_mask, other=0).to(tl.int32)[:, None]
     g_row, u_row = _gate_up_rows(n_offs, N_OUT, GATED, INTERLEAVED)
     _epilogue(acc_g, acc_u, pair, m_mask, n_offs, n_mask, g_row, u_row, expert, a_scale_ptr, expert_scale_ptr,
