@@ -287,7 +287,7 @@ def test_serial_split_k_finishes_each_tile_in_the_gemms_launch_with_the_epilogue
             outs.append(backend.forward(backend.prepare(ckpt), x, w, ids))
             # GEMM1's epilogue kernel, and GEMM2's where the top-k sum is not folded, run only without serial_k
             assert len(epilogues) == (0 if serial else 1 if fold else 2), (fold, serial, epilogues)
-            assert not serial or not any(bool(c.any()) for c in backend._tile_counts.values())
+            assert not serial or not any(bool(c.any()) for held in backend._tile_counts.values() for c in held)
         assert outs[0].abs().sum() > 0
         for out in outs[1:]:
             assert torch.equal(out.view(torch.int16), outs[0].view(torch.int16)), (fold, scheme, split_k)
@@ -295,14 +295,14 @@ def test_serial_split_k_finishes_each_tile_in_the_gemms_launch_with_the_epilogue
 @pytest.mark.parametrize("scheme,act", [("w_mxfp4", "SWIGLUOAI"), ("w_nvfp4_a_nvfp4", "SILU")])
 def test_the_gluon_kernels_serial_epilogue_gets_what_splitk_epilogue_kernel_would(scheme, act, monkeypatch):
     """serial_k through the Gluon kernel (compiled only on the CPU, run on the H200: results/gpu-issue28/run-22): its
-    launch for GEMM1 gets, as SERIAL's operands, exactly the scales, bias, output, scalars and flags that the
-    splitk_epilogue_kernel launch it replaces gets without serial_k (biases, a static activation scale and GEMM1's
-    NVFP4 quantization of GEMM2's input among them), a tile count buffer of zeros, and no epilogue kernel launches."""
+    launch for GEMM1 (and GEMM2's where its top-k sum is not folded) gets, as SERIAL's operands, exactly the scales,
+    bias, output, scalars and flags that the splitk_epilogue_kernel launch it replaces gets without serial_k (biases, a
+    static activation scale and GEMM1's NVFP4 quantization of GEMM2's input among them), a tile count buffer of zeros,
+    and no epilogue kernel launches."""
     from harness.backends import gluon_kernels, load_backend
     from harness.backends import triton_kernels as K
-    from harness.core.conformance import Shape, backend_shape, case_checkpoint, case_inputs
-
     from harness.backends.compile_check import LaunchLog
+    from harness.core.conformance import Shape, backend_shape, case_checkpoint, case_inputs
 
     gluon_launches = []
     monkeypatch.setattr(gluon_kernels, "launch_bitplace_partials",
@@ -317,32 +317,46 @@ def test_the_gluon_kernels_serial_epilogue_gets_what_splitk_epilogue_kernel_woul
     prepared = backend.prepare(case_checkpoint(scheme, act, "e4m3fn", shape, seed=3, bias=True))
     monkeypatch.setattr(K, "INTERPRET", True)
     x, w, ids = case_inputs(shape, 5)
-    for serial in (0, 1):
-        backend.configure(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4, split_k=2, serial_k=serial)
-        backend.forward(prepared, x, w, ids)
-    assert len(gluon_launches) == 4 and len(epilogues) == 1, (len(gluon_launches), len(epilogues))
-    (args, _), want_kw = epilogues[0], dict(epilogues[0][1])
-    got = gluon_launches[2][1]  # the serial run's GEMM1
-    assert gluon_launches[0][1] is None and gluon_launches[1][1] is None and gluon_launches[3][1] is None
-    # splitk_epilogue_kernel(part, ids, a_scale, expert_scale, bias, out, n_pairs, N_OUT, N_ROWS, alpha, beta,
-    # beta_lin, limit, ...): the same tensors (by address: a view of the same storage is the same operand), or where
-    # absent the same stand-in (the launch's own output)
+    for fold in (True, False):  # GEMM1 serial; both GEMMs (GEMM2's top-k sum not folded)
+        backend.fold_epilogues = fold
+        gluon_launches.clear()
+        epilogues.clear()
+        for serial in (0, 1):
+            backend.configure(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4, split_k=2,
+                              serial_k=serial)
+            backend.forward(prepared, x, w, ids)
+        serial_gemms = 1 if fold else 2
+        assert len(gluon_launches) == 4 and len(epilogues) == serial_gemms, (fold, len(gluon_launches), len(epilogues))
+        assert [launch[1] is None for launch in gluon_launches] == [True, True, False, fold]
+        for (args, want_kw), (launch, got) in zip(epilogues, gluon_launches[2:]):
+            _same_epilogue_operands(args, want_kw, launch, got)
+        assert got["HAS_BIAS"] and got["QUANT_NVFP4"] == (fold and scheme == "w_nvfp4_a_nvfp4")
+
+
+def _same_epilogue_operands(args, want_kw, launch, got):
+    """A serial Gluon launch (launch_bitplace_partials' positional args, its serial operands) against the
+    splitk_epilogue_kernel launch it replaces (args, kwargs): splitk_epilogue_kernel(part, ids, a_scale,
+    expert_scale, bias, out, n_pairs, N_OUT, N_ROWS, alpha, beta, beta_lin, limit, ...) and launch (launcher, codes,
+    scales, a, partials, sorted_rows, block_expert, n_pairs, a_row_div, n_out, n_rows, k_dim, gated, split_k, ...).
+    The same tensors (by address: a view of the same storage is the same operand), or where absent the same
+    stand-in (the launch's own output); the same sizes, scalars and flags; a tile count buffer of zeros."""
     for name, i in (("a_scale_ptr", 2), ("expert_scale_ptr", 3), ("bias_ptr", 4)):
         if args[i] is args[5]:
             assert got[name] is got["final_ptr"], name
         else:
             assert got[name].data_ptr() == args[i].data_ptr() and got[name].dtype == args[i].dtype, name
-    assert got["final_ptr"].shape == args[5].shape and got["final_ptr"].dtype == args[5].dtype
-    assert [got[k] for k in ("alpha", "beta", "beta_lin", "limit")] == list(args[9:13])
-    for flag in ("A_SCALE", "HAS_EXPERT_SCALE", "HAS_BIAS", "INTERLEAVED", "ACT", "APPLY_ACT", "HAS_LIMIT",
-                 "QUANT_NVFP4"):
-        assert got[flag] == want_kw[flag], flag
     if want_kw["q_scale_ptr"] is args[5]:
         assert got["q_scale_ptr"] is got["final_ptr"]
     else:
         assert got["q_scale_ptr"].data_ptr() == want_kw["q_scale_ptr"].data_ptr()
-    assert got["HAS_BIAS"] and got["QUANT_NVFP4"] == (scheme == "w_nvfp4_a_nvfp4") and got["A_SCALE"] == (
-        scheme == "w_nvfp4_a_nvfp4")
+    assert got["final_ptr"].shape == args[5].shape and got["final_ptr"].dtype == args[5].dtype
+    assert launch[4].shape == args[0].shape and launch[4].dtype == args[0].dtype  # the partial sums
+    assert (launch[7], launch[9], launch[10]) == tuple(args[6:9])  # pairs, N_OUT, N_ROWS
+    assert (launch[12], launch[13]) == (want_kw["GATED"], want_kw["SPLIT_K"])
+    assert [got[k] for k in ("alpha", "beta", "beta_lin", "limit")] == list(args[9:13])
+    for flag in ("A_SCALE", "HAS_EXPERT_SCALE", "HAS_BIAS", "INTERLEAVED", "ACT", "APPLY_ACT", "HAS_LIMIT",
+                 "QUANT_NVFP4"):
+        assert got[flag] == want_kw[flag], flag
     assert got["count_ptr"].dtype == torch.int32 and not bool(got["count_ptr"].any())
 
 

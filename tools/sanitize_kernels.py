@@ -81,10 +81,14 @@ def main() -> int:
                                  (_bitplace(gluon=True).configure(block_m=16, block_n=64, block_k=128, num_warps=4,
                                                                   num_stages=3, split_k=3), "w_mxfp4", "SILU"),
                                  # its tiles finished in its own launch by their last split (serial_k), split 3
-                                 # ways (GEMM2's second and third splits empty) and unsplit on two warpgroups
+                                 # ways (GEMM2's second and third splits empty), and on two warpgroups with GEMM2
+                                 # unfolded (its last program's second tile past N_OUT: no count, no outputs)
                                  (_bitplace(gluon=True).configure(block_m=16, block_n=64, block_k=128, num_warps=4,
                                                                   num_stages=3, split_k=3, serial_k=1), "w_mxfp4",
                                   "SWIGLUOAI"),
+                                 (_bitplace(gluon=True, fold_epilogues=False).configure(
+                                     block_m=16, block_n=128, block_k=128, num_warps=4, num_stages=3, split_k=2,
+                                     serial_k=1), "w_mxfp4", "SILU"),
                                  (_bitplace(gluon=True).configure(block_m=16, block_n=128, block_k=128, num_warps=4,
                                                                   num_stages=3, serial_k=1), "w_nvfp4_a_nvfp4",
                                   "SILU"),

@@ -333,7 +333,7 @@ def _consumer(code_s, scale_s, x_s, ready, empty, c_lo, c_hi, out_ptr, sorted_ro
     gl.store(out_ptr + part, acc_g, mask=mask)
     if GATED:
         gl.store(out_ptr + part + N_OUT, acc_u, mask=mask)
-    if SERIAL:
+    if SERIAL and g_col < N_OUT:  # (the last program's second tile may lie past N_OUT: no outputs, no count)
         # the warpgroup's partial stores (a barrier of its 128 threads: bar.sync of the partition), then one count a
         # tile (acquire-release: the last split's loads see every split's stores; they read past L1)
         _partition_barrier()
@@ -515,7 +515,7 @@ def bitplace_partials_kernel(codes_desc, scales_desc, a_ptr, out_ptr, sorted_row
             if PDL == 2:
                 _prefetch_program_weights(codes_ptr, scales_ptr, expert * (N_ROWS // 2), expert * chunks, g_col, c_lo,
                                           c_hi, chunks, N_ROWS, TILES, 8 if W_NV else 4)
-                gdc_wait()  # the activation rows (the epilogue kernel's) and every write come after
+                gdc_wait()  # the activation rows (GEMM1's, by its epilogue kernel or its own) and every write after
                 gdc_launch_dependents()
             code_s, scale_s, x_s, ready, empty = _ring(codes_desc, scales_desc, GATED, W_NV, STAGES, TILES, BM, XS)
             code_row = expert * (N_ROWS // 2)

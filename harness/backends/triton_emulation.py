@@ -207,7 +207,7 @@ class TritonEmulationBackend:
         self.tiles: dict | None = None  # fixed tiles (configure()); None: TILE_TABLE by pair count
         self.last_compiled: dict = {}  # "w13"/"w2" -> the compiled kernel of the last launch (tools/kernel_report.py)
         self.last_launch: dict = {}  # "w13"/"w2" -> (grid, tiles) of the last launch (harness/bench/diagnosis.py)
-        self._tile_counts: dict = {}  # device -> int32 zeros, SERIAL_K's arrivals a tile (each tile resets its own)
+        self._tile_counts: dict = {}  # device -> [int32 zeros]: SERIAL_K's arrivals a tile (each tile resets its own)
 
     def configure(self, **params) -> "TritonEmulationBackend":
         """Fix tile sizes and launch parameters (block_m, block_n, block_k, num_warps, num_stages) instead
@@ -640,11 +640,13 @@ class TritonEmulationBackend:
 
     def _tile_count_buffer(self, dev, tiles: int) -> torch.Tensor:
         """SERIAL_K's arrival counts, one int32 a tile, zero between launches (each tile's last program resets its
-        own), kept across calls so that a captured CUDA graph launches no memset; grown (new zeros) when too small."""
-        counts = self._tile_counts.get(dev)
-        if counts is None or counts.numel() < tiles:
-            counts = self._tile_counts[dev] = torch.zeros(max(tiles, 1024), dtype=torch.int32, device=dev)
-        return counts
+        own), kept across calls so that a captured CUDA graph launches no memset. Grown by a new buffer of zeros
+        when too small; the old ones stay alive, since a graph captured before may still count in them."""
+        held = self._tile_counts.setdefault(dev, [])
+        if not held or held[-1].numel() < tiles:
+            held.append(torch.zeros(max(tiles, 2 * held[-1].numel() if held else 1024), dtype=torch.int32,
+                                    device=dev))
+        return held[-1]
 
 
 TOPK_BLOCK_H = 128  # columns of the top-k sum per program

@@ -35,14 +35,16 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 # and its writes are visible. The chain and where each kernel triggers and waits:
 #   moe_align_kernel (not a dependent)   triggers at entry
 #   GEMM1 (bitplace_partials, PDL 1)     waits at entry, then triggers
-#   splitk_epilogue_kernel               triggers at entry, then waits (GEMM2 may start under GEMM1's last wave)
+#   splitk_epilogue_kernel               triggers at entry, then waits (GEMM2 may start under GEMM1's last wave);
+#                                        absent with serial_k (GEMM1 finishes its tiles itself: GEMM2 is its dependent)
 #   GEMM2 (bitplace_partials, PDL 2)     reads its block's expert and prefetches its weights into L2, then waits,
 #                                        then triggers (the tiles' pdl 1); or as GEMM1, PDL 1 (the tiles' pdl 2)
 #   splitk_topk_reduce_kernel            waits at entry, then triggers
 # Every dependent waits before it reads its predecessor's output or writes anything (a buffer of the same forward
 # may reuse a predecessor's memory). GEMM2's reads before its wait are of the weights and of moe_align_kernel's
-# block_expert: the epilogue kernel starts only after GEMM1 passed its wait, which returns after moe_align_kernel
-# ended, so the routing is complete before GEMM2 starts. Nothing waits for a kernel that waits for it: a
+# block_expert: the kernel before GEMM2 (the epilogue kernel, or GEMM1 itself with serial_k) starts, or triggers,
+# only after GEMM1 passed its wait, which returns after moe_align_kernel ended, so the routing is complete before
+# GEMM2 starts. Nothing waits for a kernel that waits for it: a
 # dependent starts only after every program of its predecessor has started (no deadlock at any grid size).
 
 

@@ -17,7 +17,8 @@ case "${PART:-probe}" in
     # bit for bit: serial_k 1 against serial_k 0 at the same split (the split sets the sum's order), 1 and 8 tokens
     for model in gpt-oss-120b kimi-k2; do
       for scheme in w_mxfp4 w_nvfp4_a_nvfp4; do
-        for spec in "triton_bitplace|2 4|3|" "triton_bitplace_gluon|1 2 4|4|pdl=1"; do
+        # (the Gluon kernel on two warpgroups too: gpt-oss-120b's 2880 rows leave the last program's second tile empty)
+        for spec in "triton_bitplace|2 4|3|" "triton_bitplace_gluon|1 2 4|4|pdl=1" "triton_bitplace_gluon|2|4|block_n=128"; do
           IFS='|' read be splits stages more <<< "$spec"
           for split in $splits; do
             T="block_m=16 block_n=64 block_k=128 num_warps=4 num_stages=$stages split_k=$split $more"
