@@ -116,6 +116,8 @@ def pytest_configure(config):
         config.addinivalue_line("markers", f"{p.name}: must hold on {p.description}")
     config.addinivalue_line("markers", "gpu_queue: waits for a place on the GPU (harness.core.real_shapes."
                             "gpu_case_slot); scheduled after every other test, so that its wait holds no worker")
+    config.addinivalue_line("markers", "long: one of a run's longest tests (minutes on 2 cores); scheduled first, with "
+                            "the Hypothesis properties, so that it never runs alone at the end of a run")
 
     timeout = config.getoption("--case-timeout")
     if timeout is not None:  # the environment carries it to xdist workers
@@ -213,11 +215,13 @@ def pytest_collection_modifyitems(config, items):
         if not any(item.get_closest_marker(m) for m in PLATFORMS):
             for m in PLATFORMS:  # platform-independent: must hold everywhere
                 item.add_marker(getattr(pytest.mark, m))
-    # Hypothesis properties first: under xdist they are a run's longest tests (100 examples each on a nightly
-    # leg), so they start at once, side by side, and the short cases fill the workers around them. Tests that
-    # queue for the GPU last: a worker waiting in that queue could otherwise have run the short cases
+    # Hypothesis properties and tests marked long first: under xdist they are a run's longest tests (100 examples
+    # each on a nightly leg; the sm90 compile check), so they start at once, side by side, and the short cases fill
+    # the workers around them. Tests that queue for the GPU last: a worker waiting in that queue could otherwise
+    # have run the short cases
     items.sort(key=lambda item: (2 if item.get_closest_marker("gpu_queue") else
-                                 0 if getattr(getattr(item, "obj", None), "is_hypothesis_test", False) else 1))
+                                 0 if item.get_closest_marker("long") or
+                                 getattr(getattr(item, "obj", None), "is_hypothesis_test", False) else 1))
 
 
 @pytest.fixture(scope="session")

@@ -118,6 +118,7 @@ def test_the_routing_launch_quantizes_gemm1_s_nvfp4_input_bit_for_bit():
     assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
 
 
+@pytest.mark.long  # ~2.5 min on 2 cores: started first
 def test_the_kernels_a_forward_launches_compile_for_sm90_without_a_gpu(tmp_path):
     """The interpreter runs a kernel's Python, not the compiler: harness.backends.compile_check records the launches
     of forwards (nothing runs) and compiles each for sm90 with the installed Triton's ptxas, so that a kernel that
