@@ -41,9 +41,12 @@ from .triton_emulation import TritonEmulationBackend, multiprocessors, split_k_t
 # 0; NVFP4 decode 0-1.7% faster (Kimi-K2 8 tokens 508.0 -> 499.6 us). MOE_CONFORMANCE_NVFP4_EXPONENT_ADD=0: multiplies
 NVFP4_EXPONENT_ADD = os.environ.get("MOE_CONFORMANCE_NVFP4_EXPONENT_ADD", "1") == "1"
 # The decode row's split-K tiles finished in the GEMM's own launch by their last split (the tile key serial_k:
-# moe_gemm_kernel's SERIAL_K, the Gluon kernel's SERIAL), one launch fewer (GEMM1's splitk_epilogue_kernel): bit for
-# bit under the interpreter (moe_gemm_kernel), compiled for sm90 (both), not yet timed or run on a GPU
-# (results/gpu-issue28/run-22, PART=serial-check / serial-bench). MOE_CONFORMANCE_SERIAL_K=1 turns it on for the A/B.
+# moe_gemm_kernel's SERIAL_K, the Gluon kernel's SERIAL), one launch fewer (GEMM1's splitk_epilogue_kernel). On the
+# H200 (results/gpu-issue28/run-22): bit for bit with serial_k 0 on both kernels and models, 1 and 8 tokens, MXFP4 and
+# NVFP4 W4A4, memcheck and synccheck clean; no faster at one token (gpt-oss-120b MXFP4 35.8 -> 36.2 us, W4A4 44.1 ->
+# 43.1, Kimi-K2 91.8 -> 90.6: within a run's noise) and slower for NVFP4 W4A4 from 8 tokens on (gpt-oss-120b 150.9 ->
+# 161.6 us, 570.5 -> 622.6; Kimi-K2 2369 -> 2466): the chain's launches, overlapped by PDL, were not what cost the
+# time. Opt-in; MOE_CONFORMANCE_SERIAL_K=1 turns it on for the decode rows.
 SERIAL_K = os.environ.get("MOE_CONFORMANCE_SERIAL_K", "0") == "1"
 
 # (max pairs, tiles), first match wins: the H200 sweep of tools/tune_moe.py (BENCHMARKS.md "Issue 28";
@@ -58,7 +61,8 @@ SERIAL_K = os.environ.get("MOE_CONFORMANCE_SERIAL_K", "0") == "1"
 # blocks and one 64-row tail block, split_tail_blocks): MXFP4 in make bench (results/gpu-issue28/run-17) 40.1 -> 46.5%
 # (gpt-oss-120b), 41.6 -> 45.6% (Kimi-K2). NVFP4 keeps 64 rows: at 128 rows and tail_m 64 its sweep was no faster
 # (Kimi-K2 W4A4 38.7 -> 38.0%, results/gpu-issue28/run-16); what looked faster there read its activations by TMA at 128
-# rows, which gives wrong outputs at Kimi-K2's shape (run-17; refused, _gemm). The tail by the mean rows an expert
+# rows, which races when compiled (wrong outputs at 3 stages, run-17 to run-23; refused, _gemm). The tail by the mean
+# rows an expert
 # (fit_tail_m: 32 for gpt-oss-120b's 256, 4246 -> 4143 us in run-19; 64 for Kimi-K2's 171, where 32 was 15957 -> 17210
 # us). Not taken (results/gpu-issue28/run-19, run-20/wide): 2 or 4 stages, mma_steps 2, 128 weight rows a program on two warpgroups (8 warps: Kimi-K2
 # 15451 -> 15175 us, gpt-oss-120b 4135 -> 4441), a persistent grid (2x slower). (max pairs, weight kinds or None, tiles).
