@@ -169,6 +169,9 @@ def test_the_kernels_a_forward_launches_compile_for_sm90_without_a_gpu(tmp_path)
     tails = [f"triton_emulation/bf16/SWIGLUOAI@{bf16_tma},tail_m=64",
              "triton_bitplace/w_nvfp4_a_nvfp4/SILU@block_m=128,block_n=64,block_k=128,num_warps=4,num_stages=3,group_m=8,"
              "tail_m=64,tokens=2048"]
+    # the bf16 TMA loop warp-specialized by Triton (warp_spec): interleaved gate and up rows as row pairs, and halves
+    warp_specialized = [f"triton_emulation/bf16/{act}@{bf16_tma.replace('num_warps=8', 'num_warps=4')},warp_spec=1,"
+                        "w2_block_n=256" for act in ("SWIGLUOAI", "SILU")]
     # persistent grids of moe_gemm_kernel (one flattened loop over the used blocks' tiles): bf16 by TMA, tails
     persistent = [f"triton_emulation/bf16/SILU@{bf16_tma.replace('tma=1', 'tma=2')},persistent=1,w2_block_n=256",
                   "triton_bitplace/w_mxfp4/SWIGLUOAI@block_m=128,block_n=64,block_k=128,num_warps=4,num_stages=3,"
@@ -183,7 +186,8 @@ def test_the_kernels_a_forward_launches_compile_for_sm90_without_a_gpu(tmp_path)
                  (0, 64, "w_nvfp4_a_nvfp4/SWIGLUOAI", 1, 1))}
     default_gluon = "triton_bitplace_gluon/w_mxfp4/SWIGLUOAI@tokens=1"
     cmd = [sys.executable, "-m", "harness.backends.compile_check", "--tokens", "1", "2048", "--intermediate", "384"]
-    for case in cases + [serial] + tma + tails + persistent + list(gluon) + [default_gluon] + list(gluon_serial):
+    for case in (cases + [serial] + tma + tails + persistent + warp_specialized + list(gluon) + [default_gluon]
+                 + list(gluon_serial)):
         cmd += ["--case", case]
     # an empty Triton cache, so that ptxas runs for every launch and its log says whether wgmma was serialized
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=Path(__file__).resolve().parents[1],
@@ -203,6 +207,12 @@ def test_the_kernels_a_forward_launches_compile_for_sm90_without_a_gpu(tmp_path)
         assert launched[case].endswith(f" {3 if pdl else 0} dependents"), launched[case]
     for case in tails:
         assert "moe_gemm_kernel x4" in launched[case], launched[case]
+    for case in warp_specialized:  # both GEMMs: a producer warpgroup and two consumer warpgroups (setmaxnreg)
+        assert "moe_gemm_kernel x2" in launched[case], launched[case]
+        partitioned = [line for line in run.stdout.splitlines()
+                       if line.startswith("compiled moe_gemm_kernel ") and f"{case}, 2048 tokens;" in line]
+        assert len(partitioned) == 2 and all("warp-specialized: 384 threads" in line for line in partitioned), \
+            partitioned or run.stdout[-2000:]
     for case in persistent:
         assert "moe_gemm_kernel x" in launched[case], launched[case]
     # ptxas keeps every kernel's asynchronous MMAs in flight (compile_check.compile_with_ptxas_log), except in the
@@ -423,18 +433,59 @@ def test_tail_blocks_give_the_same_bits():
         assert set(backend.last_launch) >= {"w13", "w2", "w13_tail", "w2_tail"}
 
 
-def _small_prefill_forward(kernel: str, scheme: str, tiles: dict):
-    """(backend, output) of one forward of a small SWIGLUOAI case with biases (3 experts, 50 tokens, top 2) on these
-    tiles over 64 columns, 4 warps, 2 stages and the loop's K step."""
+def _small_prefill_forward(kernel: str, scheme: str, tiles: dict, act: str = "SWIGLUOAI"):
+    """(backend, output) of one forward of a small case with biases (3 experts, 50 tokens, top 2; SWIGLUOAI: gate and
+    up rows interleaved) on these tiles over 64 columns, 4 warps, 2 stages and the loop's K step."""
     from harness.backends import load_backend
     from harness.core.conformance import Shape, backend_shape, case_checkpoint, case_inputs
 
     backend = load_backend(kernel).configure(**{**dict(block_n=64, block_k=128 if "bitplace" in kernel else 64,
                                                        num_warps=4, num_stages=2), **tiles})
     shape = backend_shape(backend, Shape(num_experts=3, hidden_size=128, intermediate_size=96, tokens=50, top_k=2))
-    ckpt = case_checkpoint(scheme, "SWIGLUOAI", "e4m3fn", shape, seed=9, bias=True)
+    ckpt = case_checkpoint(scheme, act, "e4m3fn", shape, seed=9, bias=True)
     x, w, ids = case_inputs(shape, 4)
     return backend, backend.forward(backend.prepare(ckpt), x, w, ids)
+
+
+def test_the_warp_specialized_bf16_loop_gives_the_same_bits():
+    """warp_spec (the bf16 TMA loop warp-specialized by Triton, WARP_SPEC) reads interleaved gate and up rows as row
+    pairs (one row of 2 K: gate row n's values, then up row n's) with two MMAs a step: bit for bit the one-box loop's
+    outputs, with interleaved rows (SWIGLUOAI) and halves (SILU); an up box read at column k0 instead of K + k0 fails
+    it. Under the interpreter the loop runs unspecialized (the schedule is the compiler's: make test's sm90 compile
+    check sees the partitions); what this checks is the row-pair addressing. Launches it cannot compile are refused
+    by name: activations by pointers (tma 2), quantized weights, a tile or tail below 128 rows (each consumer
+    warpgroup's half would be under a wgmma's 64), K not a multiple of block_k with row pairs, a persistent grid."""
+    for act in ("SWIGLUOAI", "SILU"):
+        outs = [_small_prefill_forward("triton_emulation", "bf16", dict(block_m=128, tma=1, warp_spec=on), act)[1]
+                for on in (0, 1)]
+        assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16)), act
+        assert outs[0].abs().sum() > 0
+    for kernel, scheme, tiles, match in (
+            ("triton_emulation", "bf16", dict(block_m=128, tma=2, warp_spec=1), "both operands by TMA"),
+            ("triton_emulation", "w_mxfp4", dict(block_m=128, tma=1, warp_spec=1), "dequantizing GEMM"),
+            ("triton_bitplace", "w_mxfp4", dict(block_m=64, tma=1, warp_spec=1), "bit-placement GEMM"),
+            ("triton_emulation", "bf16", dict(block_m=64, tma=1, warp_spec=1), "block_m"),
+            ("triton_emulation", "bf16", dict(block_m=128, tail_m=64, tma=1, warp_spec=1), "tail_m"),
+            ("triton_emulation", "bf16", dict(block_m=128, block_k=256, tma=1, warp_spec=1), "multiple of block_k"),
+            ("triton_emulation", "bf16", dict(block_m=128, tma=1, warp_spec=1, persistent=1), "plain grid")):
+        with pytest.raises(ValueError, match=match):
+            _small_prefill_forward(kernel, scheme, tiles)
+    # a table row's warp_spec_if_fits: warp_spec where both GEMMs compile with it, else the 8-warp loop
+    from types import SimpleNamespace
+
+    from harness.backends.triton_emulation import TritonEmulationBackend
+
+    row = dict(block_m=128, block_n=128, block_k=64, num_warps=4, tma=1, warp_spec_if_fits=1)
+    for hidden, inter, interleaved, tail_m, weight, want in (
+            (2880, 2880, True, 0, None, True), (7168, 2048, False, 0, None, True), (160, 96, True, 0, None, False),
+            (160, 96, False, 0, None, True), (2880, 2880, True, 64, None, False), (2884, 2880, False, 0, None, False),
+            (2880, 2880, True, 0, "MX", False)):
+        act = SimpleNamespace(gated=True, interleaved=interleaved)
+        prepared = SimpleNamespace(ckpt=SimpleNamespace(num_experts=8, hidden_size=hidden, intermediate_size=inter,
+                                                        activation=act, scheme=SimpleNamespace(weight=weight)))
+        tiles = TritonEmulationBackend().resolve_tiles({**row, "tail_m": tail_m}, prepared, 4096, "cpu")
+        assert "warp_spec_if_fits" not in tiles
+        assert (tiles.get("warp_spec"), tiles["num_warps"]) == ((1, 4) if want else (None, 8)), (hidden, tiles)
 
 
 def test_a_persistent_grid_gives_the_same_bits(monkeypatch):

@@ -131,6 +131,10 @@ def main() -> int:
                                  # in halves; the bit-placement loop's activations
                                  (TritonEmulationBackend().configure(**_PREFILL_BF16_TMA), "bf16", "SWIGLUOAI"),
                                  (TritonEmulationBackend().configure(**_PREFILL_BF16_TMA), "bf16", "SILU"),
+                                 # the loop warp-specialized by Triton (warp_spec: producer and two consumer
+                                 # warpgroups, descriptors made on the device), gate and up rows in halves
+                                 (TritonEmulationBackend().configure(**{**_PREFILL_BF16_TMA, "num_warps": 4},
+                                                                     warp_spec=1), "bf16", "SILU"),
                                  (_bitplace().configure(**_PREFILL_FP4_TMA), "w_mxfp4", "SWIGLUOAI"),
                                  (_bitplace().configure(**_PREFILL_FP4_TMA), "w_nvfp4_a_nvfp4", "SILU"),
                                  # tail_m: no expert fills a 32-row block here, every row in the tail launch
@@ -145,6 +149,15 @@ def main() -> int:
         out = backend.forward(prep, x.cuda(), w.cuda(), ids.cuda())
         torch.cuda.synchronize()
         print(backend.name, scheme, act, "K tail", tuple(out.shape), bool(torch.isfinite(out).all()))
+    # warp_spec with interleaved gate and up rows (read as row pairs: K a multiple of block_k)
+    pairs = Shape(num_experts=4, hidden_size=192, intermediate_size=160, tokens=7, top_k=2)
+    backend = TritonEmulationBackend().configure(**{**_PREFILL_BF16_TMA, "num_warps": 4}, warp_spec=1)
+    ckpt = make_checkpoint("bf16", "SWIGLUOAI", pairs.num_experts, pairs.hidden_size, pairs.intermediate_size, seed=1,
+                           with_bias=True)
+    x, w, ids = case_inputs(pairs, 1)
+    out = backend.forward(backend.prepare(ckpt), x.cuda(), w.cuda(), ids.cuda())
+    torch.cuda.synchronize()
+    print(backend.name, "bf16 SWIGLUOAI warp_spec row pairs", tuple(out.shape), bool(torch.isfinite(out).all()))
     # the Gluon kernel's GEMM2 two steps an iteration (schedule 1, ungated): 3 chunks, a pair and the odd one;
     # split 2 ways, 2 and 1
     steps = Shape(num_experts=4, hidden_size=192, intermediate_size=384, tokens=7, top_k=2)

@@ -32,12 +32,14 @@ DECODE = [dict(block_m=16, block_n=n, block_k=k, num_warps=w, num_stages=s)
 # alone (no gathered copy); tail_m: each
 # expert's rows padded to that many, not block_m, its last rows in a second launch of tail_m-row blocks (0: one launch);
 # persistent: that many programs a multiprocessor, each computing tiles in turn (moe_gemm_kernel's PERSISTENT; 0 the
-# plain grid); w2_block_n: GEMM2's N tile where it differs (0: block_n)
+# plain grid); w2_block_n: GEMM2's N tile where it differs (0: block_n); warp_spec: the bf16 TMA loop warp-specialized
+# by Triton (a producer warpgroup, num_warps 4 doubled into two consumer warpgroups; tma 1, 128-row tiles, no tails)
 PREFILL = [dict(block_m=m, block_n=n, block_k=k, num_warps=w, num_stages=s, group_m=g, tma=t, tail_m=tm, persistent=p,
-                w2_block_n=n2)
-           for m, n, k, w, s, g, t, tm, p, n2 in itertools.product((64, 128), (64, 128), (64,), (4, 8), (3, 4),
-                                                                   (0, 4, 8, 16), (0, 1, 2), (0, 32, 64), (0, 1, 2),
-                                                                   (0, 256)) if tm < m]
+                w2_block_n=n2, warp_spec=ws)
+           for m, n, k, w, s, g, t, tm, p, n2, ws in itertools.product((64, 128), (64, 128), (64,), (4, 8), (3, 4),
+                                                                       (0, 4, 8, 16), (0, 1, 2), (0, 32, 64),
+                                                                       (0, 1, 2), (0, 256), (0, 1))
+           if tm < m and not (ws and (t != 1 or m < 128 or tm or w != 4 or p))]
 # triton_bitplace: one 128-value chunk per K step and one warpgroup (its tiles' layout is the wgmma operand's);
 # mma_steps 2 with maxnreg 96 compiles to 96 registers (5 programs per SM instead of 4, no spill in the loop);
 # split_k shares a tile's K chunks among programs (few tokens leave SMs idle: 180 programs at gpt-oss, 1 token);
@@ -74,7 +76,7 @@ BITPLACE_PREFILL = [dict(block_m=m, block_n=n, block_k=128, num_warps=w, num_sta
                     for m, (n, w), s, g, t, tm, p, k in itertools.product((64, 128), ((64, 4), (128, 8)), (2, 3, 4),
                                                                           (0, 4, 8, 16), (0, 1), (0, 32, 64),
                                                                           (0, 1, 2, 3), (1, 2))
-                    if tm < m and not (t and m > 64)]  # tma at 128 rows: refused (wrong outputs, run-17)
+                    if tm < m and not (t and m > 64)]  # tma at 128 rows: refused (it races when compiled, run-23)
 CASES = [("gpt-oss-120b", "w_mxfp4", "triton_dot_scaled"), ("gpt-oss-120b", "w_mxfp4", "triton_emulation"),
          ("gpt-oss-120b", "w_nvfp4", "triton_emulation"), ("gpt-oss-120b", "bf16", "triton_emulation")]
 

@@ -160,7 +160,20 @@ def compile_with_ptxas_log(fn, args: tuple, kwargs: dict, target=SM90):
         return compiled, ""
     spills = sum(int(b) for b in re.findall(r"(\d+) bytes spill stores", text))
     serialized = ", wgmma serialized (ptxas C7515)" if "C7515" in text else ""
-    return compiled, f"{max(map(int, registers))} registers, {spills} spill bytes{serialized}"
+    return compiled, f"{max(map(int, registers))} registers, {spills} spill bytes{serialized}" + \
+        warp_specialization(compiled.asm["ptx"])
+
+
+def warp_specialization(ptx: str) -> str:
+    """", warp-specialized: T threads, partitions at R1 / R2 / ... registers" where the kernel's warpgroups move their
+    register budgets apart (setmaxnreg: a producer down, its consumers up; ptxas's count is then the launch's
+    even share), else ""."""
+    budgets = sorted({int(r) for r in re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)})
+    if not budgets:
+        return ""
+    threads = re.search(r"\.reqntid (\d+)", ptx)
+    return (f", warp-specialized: {threads.group(1) if threads else '?'} threads, partitions at "
+            f"{' / '.join(map(str, budgets))} registers")
 
 
 def dependent_launch_violations(ptx: str, kwargs: dict) -> list[str]:

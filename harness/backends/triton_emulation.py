@@ -9,6 +9,7 @@ kernels run under the Triton interpreter (small shapes, fp32 dots); on a GPU, co
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -83,7 +84,7 @@ FUSED_ALIGN_MAX_PAIRS = 1024
 
 TILE_KEYS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "w2_block_n", "maxnreg", "mma_steps",
              "split_k", "mma_overlap", "w2_mma_overlap", "pdl", "persistent", "group_m", "tma", "tail_m",
-             "serial_k")
+             "serial_k", "warp_spec")
 # optional keys: w2_block_n (GEMM2's N tile where it differs from GEMM1's), maxnreg (a register cap per thread, so
 # that more programs fit on a multiprocessor; 0 = the compiler's choice), mma_steps (triton_bitplace: MMA steps per
 # 128-value chunk, 1 or 2; 2 holds half the decoded tile in registers), split_k (triton_bitplace: the K chunks
@@ -105,7 +106,10 @@ TILE_KEYS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "w2_blo
 # prefill only, not with split-K; a table row may give fit_tail_m 1 instead: tail_m then is fit_tail_m's choice for the
 # mean rows an expert of the call), serial_k (moe_gemm_kernel with split_k: 1 finishes each tile in the GEMM's own
 # launch, its last split adding the partial sums in order and running the epilogue, SERIAL_K, where
-# splitk_epilogue_kernel would run: one launch fewer; GEMM2's top-k sum stays its own launch). A table row may give
+# splitk_epilogue_kernel would run: one launch fewer; GEMM2's top-k sum stays its own launch), warp_spec (the bf16 TMA
+# loop with tma 1 and 128-row tiles warp-specialized by Triton's sm90 pass: a producer warpgroup, and num_warps warps
+# doubled into two consumer warpgroups; _check_warp_spec). A table row may give warp_spec_if_fits 1 instead (warp_spec
+# where the model's sizes allow it, else twice the warps unspecialized), and
 # split_k_programs instead: split_k then is the fewest splits that give GEMM1 that many programs (split_k_to_fill),
 # and pdl_bytes: pdl 1 where GEMM2's weights of the call (one expert a pair at most) are at most that many bytes,
 # else 2
@@ -119,11 +123,19 @@ TILE_KEYS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "w2_blo
 # Kimi-K2's 8192 tokens), run-19 (GEMM2 at 256 columns, w2_block_n: Kimi-K2 16236 -> 15387 us, gpt-oss-120b even;
 # make bench 48.2 -> 51.3% / 44.0 -> 46.5%) and its second sweep (4 stages with it: gpt-oss-120b 3710 -> 3581 us,
 # Kimi-K2 even).
+# The bf16 prefill row warp-specialized by Triton (warp_spec: both operands by TMA, a producer warpgroup and two
+# consumer warpgroups of 4 warps, in place of 8 warps with the activations by pointers), where a model's sizes allow it
+# (warp_spec_if_fits, resolve_tiles); compiled for sm90 by Triton 3.6 and 3.9, not yet timed
+# (results/gpu-issue28/run-23). MOE_CONFORMANCE_BF16_WARP_SPEC=1 makes it the table's row for the A/B.
+BF16_PREFILL_WARP_SPEC = os.environ.get("MOE_CONFORMANCE_BF16_WARP_SPEC", "0") == "1"
+_BF16_PREFILL = (dict(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=4, group_m=8, tma=1,
+                      warp_spec_if_fits=1, w2_block_n=256) if BF16_PREFILL_WARP_SPEC else
+                 dict(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4, group_m=8, tma=2,
+                      w2_block_n=256))
 TILE_TABLE = (
     (1024, (None,), dict(block_m=16, block_n=32, block_k=128, num_warps=4, num_stages=4)),  # bf16 weights
     (1024, None, dict(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=3)),
-    (1 << 62, (None,), dict(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4, group_m=8, tma=2,
-                            w2_block_n=256)),
+    (1 << 62, (None,), _BF16_PREFILL),
     (1 << 62, None, dict(block_m=128, block_n=64, block_k=64, num_warps=8, num_stages=3, group_m=8)),
 )
 
@@ -240,6 +252,16 @@ class TritonEmulationBackend:
             tiles = {k: v for k, v in tiles.items() if k != "fit_tail_m"}
             if fit:
                 tiles["tail_m"] = fit_tail_m(p / ckpt.num_experts, tiles["block_m"])
+        if "warp_spec_if_fits" in tiles:  # warp_spec where both GEMMs of this model compile with it (_check_warp_spec:
+            # bf16 weights, TMA strides, no tails, row pairs of whole boxes), else the 8-warp loop
+            want = tiles["warp_spec_if_fits"]
+            tiles = {k: v for k, v in tiles.items() if k != "warp_spec_if_fits"}
+            act = ckpt.activation
+            pairs = act.gated and act.interleaved
+            fits = (want and ckpt.scheme.weight is None and ckpt.hidden_size % 8 == 0
+                    and ckpt.intermediate_size % 8 == 0 and not tiles.get("tail_m")
+                    and not (pairs and ckpt.hidden_size % tiles["block_k"]))
+            tiles = {**tiles, "warp_spec": 1} if fits else {**tiles, "num_warps": 2 * tiles["num_warps"]}
         if K.INTERPRET and tiles.get("pdl"):  # no griddepcontrol in the interpreter; dependents change timing only
             tiles = {**tiles, "pdl": 0}
         return tiles
@@ -316,6 +338,9 @@ class TritonEmulationBackend:
             if tail_m >= tiles["block_m"] or tiles["block_m"] % tail_m or tail_m < 16:
                 raise ValueError(f"tail_m must be at least 16, below block_m and divide it; got tail_m {tail_m}, "
                                  f"block_m {tiles['block_m']}")
+            if tiles.get("warp_spec") and tail_m < 128:  # (_check_warp_spec's rule, before the first launch)
+                raise ValueError(f"warp_spec splits a tile's rows between two consumer warpgroups of 64-row MMAs: "
+                                 f"tail_m (and block_m) at least 128, got tail_m {tail_m}")
             big, tail = split_tail_blocks(sorted_rows, block_expert, tail_m, tiles["block_m"], ckpt.num_experts, p)
             launches = [(*big, tiles), (*tail, {**tiles, "block_m": tail_m})]
         else:
@@ -557,22 +582,37 @@ class TritonEmulationBackend:
         if tiles.get("tma") and not partials and not self.use_dot_scaled and k_dim % 8 == 0:
             # TMA boxes need 16-byte row strides (K % 8 bf16); the bit-placement loop reads 128 / mma_steps columns
             if bitplace and tiles["block_m"] > 64 and tiles["tma"] == 1:
-                # compiled for sm90 by Triton 3.6 this gave wrong outputs on the H200 at Kimi-K2's shape (MXFP4: 6.5% of
-                # them; NVFP4: not finite), right ones at gpt-oss-120b's and at 64 rows (results/gpu-issue28/run-17,
-                # nan_probe.py); not understood, so refused rather than run
+                # compiled for sm90 by Triton 3.6 this races on the H200: at 128 rows, 3 stages, 4 warps and 64
+                # columns GEMM2's ungated loop gave 2-7% of the outputs wrong, a different count each run, on every
+                # shape tried (results/gpu-issue28/run-22, tma128_bisect.py; run-23, tma128_race.py); GEMM1's gated
+                # loop, and 1, 2 or 4 stages, 8 warps, 128 columns or mma_steps 2, ran bit for bit with pointer loads.
+                # The interpreter gives the same bits: the compiled pipeline's, not the kernel's logic. Refused for
+                # every 128-row tile rather than for the one configuration caught.
                 raise ValueError(f"tma 1 with the bit-placement loop takes block_m <= 64, got {tiles['block_m']}: at "
-                                 "128 rows its TMA activations gave wrong outputs on the H200 (results/gpu-issue28/"
-                                 "run-17)")
+                                 "128 rows its TMA activations race in Triton 3.6's compiled pipeline on the H200 "
+                                 "(results/gpu-issue28/run-23)")
             w_tma = not bitplace and wq is None and a_mode != 2 and block_scale is None
+            warp_spec = bool(tiles.get("warp_spec"))
+            if warp_spec:
+                # Triton's own warp specialization of the bf16 TMA loop (sm90: a producer warpgroup issuing the TMA
+                # loads, the num_warps consumer warps doubled into two warpgroups that split the tile's rows)
+                _check_warp_spec(tiles, w_tma, bitplace, wq, gated and act.interleaved, k_dim)
             if (bitplace or w_tma) and tiles["tma"] == 1:  # 2: the weights only, the activations by pointers
                 box_k = 128 // (tiles.get("mma_steps") or 1) if bitplace else tiles["block_k"]
-                a_arg = TensorDescriptor.from_tensor(gather_block_rows(a, sorted_rows, n_pairs, a_row_div),
-                                                     [tiles["block_m"], box_k])
+                gathered = gather_block_rows(a, sorted_rows, n_pairs, a_row_div)
+                a_arg = gathered if warp_spec else TensorDescriptor.from_tensor(gathered, [tiles["block_m"], box_k])
                 launch_options["A_TMA"] = True
-            if w_tma:
+            if w_tma and warp_spec:  # the kernel makes both descriptors (_k_loop_tma's WARP_SPEC)
+                use_device_tensor_descriptors()
+                pairs = gated and act.interleaved  # row pairs: gate row n's K values, then up row n's, one row of 2 K
+                launch_options.update(W_TMA=True, WARP_SPEC=True, a_desc_rows=gathered.shape[0],
+                                      w_desc_rows=w.numel() // (2 * k_dim if pairs else k_dim))
+            elif w_tma:
                 rows = 2 * block_n if gated and act.interleaved else block_n
                 w_arg = TensorDescriptor.from_tensor(w.view(-1, k_dim), [rows, tiles["block_k"]])
                 launch_options["W_TMA"] = True
+        elif tiles.get("warp_spec"):
+            _check_warp_spec(tiles, False, bitplace, wq, False, k_dim)
         grid = (block_expert.numel(), triton_cdiv(n_out, block_n), split_k)
         if tiles.get("persistent") and split_k == 1 and not partials:
             # persistent programs (tiles' persistent: that many a multiprocessor) over the used blocks' tiles, their
@@ -671,6 +711,40 @@ def split_k_to_fill(tiles: dict, gemm1_programs: int) -> dict:
 
 
 H200_MULTIPROCESSORS = 132  # compile_check's target, where no GPU answers
+
+
+def _check_warp_spec(tiles: dict, w_tma: bool, bitplace: bool, wq, pairs: bool, k_dim: int) -> None:
+    """A ValueError naming warp_spec where the launch is not one Triton's sm90 warp specialization compiles: the bf16
+    TMA loop with both operands by TMA (tma 1: Triton 3.6 fails on activations by pointers) on the plain grid (the
+    kernel makes its descriptors there), tiles of at least 128
+    rows (each consumer warpgroup takes half; a wgmma takes 64), K a multiple of block_k where gate and up rows are
+    read as row pairs (a box would straddle them)."""
+    if not w_tma or tiles.get("tma") != 1:
+        kind = "bit-placement" if bitplace else "dequantizing" if wq is not None else "bf16"
+        raise ValueError(f"warp_spec (the K loop warp-specialized by Triton) takes the bf16 TMA loop with both "
+                         f"operands by TMA: bf16 weights, tma 1; got tma {tiles.get('tma')} for a {kind} GEMM")
+    if tiles.get("persistent"):
+        raise ValueError(f"warp_spec takes the plain grid (one tile a program), got persistent {tiles['persistent']}")
+    if tiles["block_m"] < 128:
+        raise ValueError(f"warp_spec splits a tile's rows between two consumer warpgroups of 64-row MMAs: block_m "
+                         f"(and tail_m) at least 128, got {tiles['block_m']}")
+    if pairs and k_dim % tiles["block_k"]:
+        raise ValueError(f"warp_spec reads interleaved gate and up rows as row pairs: K {k_dim} must be a multiple "
+                         f"of block_k {tiles['block_k']} (a box would straddle gate and up)")
+
+
+def use_device_tensor_descriptors() -> None:
+    """Triton's global scratch allocator, from torch's caching allocator on the launch's device (inside a CUDA graph
+    capture, its private pool), for the TMA descriptors a kernel makes on the device (tl.make_tensor_descriptor: 128
+    bytes a program). Set once; Triton keeps one allocator for the process."""
+    global _ALLOCATOR_SET
+    if _ALLOCATOR_SET or K.INTERPRET:
+        return
+    triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+    _ALLOCATOR_SET = True
+
+
+_ALLOCATOR_SET = False
 
 
 def multiprocessors(dev) -> int:

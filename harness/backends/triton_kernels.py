@@ -697,20 +697,32 @@ def _a_tile(a_desc, a_row0, a_row, m_mask, k0, K, A_TMA: tl.constexpr, BLOCK_K: 
 @_device
 def _k_loop_tma(a_desc, w_desc, expert, a_row0, a_row, m_mask, n0, N_OUT, N_ROWS, K, GATED: tl.constexpr,
                 INTERLEAVED: tl.constexpr, A_TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_K: tl.constexpr, INTERPRET_DOT: tl.constexpr):
+                BLOCK_K: tl.constexpr, INTERPRET_DOT: tl.constexpr, WARP_SPEC: tl.constexpr = False):
     """_k_loop for bf16 weights by TMA: w_desc over the weights as [E x N_ROWS, K]; the activations by TMA too
     (A_TMA: a_desc over the block-gathered activation rows [blocks x BLOCK_M, K], the block's rows at a_row0) or by
     pointers (a_desc the activations' pointer, a_row and m_mask the block's rows); K's tail and rows past the tensor
     read as zeros (a tile's rows past N_OUT belong to the next rows or expert: their outputs are not stored). Gate and
     up rows interleaved (2n, 2n + 1): one [2 BLOCK_N, BLOCK_K] box and one MMA a step, the accumulator's even and odd
     columns split after the loop; each output element is the same K reduction of the same products as _k_loop's two
-    MMAs."""
+    MMAs.
+    WARP_SPEC: the K loop warp-specialized by Triton (sm90: a producer warpgroup issuing the TMA loads, two consumer
+    warpgroups splitting the tile's rows). Its partitioning cannot split the one-box path's reshape of the
+    accumulator, so interleaved gate and up rows are read as row pairs: w_desc over [E x N_OUT, 2 K] (row n: gate row
+    n's K values, then up row n's), boxes [BLOCK_N, BLOCK_K] at columns k0 and K + k0 (K a multiple of BLOCK_K: no
+    box straddles the two), two MMAs a step as for halves."""
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     wrow = expert * N_ROWS  # TMA coordinates are 32-bit (Kimi-K2's 384 x 4096 rows fit)
-    if GATED and INTERLEAVED:
+    if GATED and INTERLEAVED and WARP_SPEC:  # row pairs: gate row n at (n, k0), up row n at (n, K + k0)
+        wrow = expert * N_OUT
+        up_row = 0
+        up_col = K
+    else:  # halves: up row n at (N_OUT + n, k0)
+        up_row = N_OUT
+        up_col = 0
+    if GATED and INTERLEAVED and not WARP_SPEC:
         acc = tl.zeros((BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
+        for k0 in tl.range(0, K, BLOCK_K, warp_specialize=WARP_SPEC):
             a = _a_tile(a_desc, a_row0, a_row, m_mask, k0, K, A_TMA, BLOCK_K)
             w = w_desc.load([wrow + 2 * n0, k0])
             if INTERPRET_DOT:
@@ -719,7 +731,7 @@ def _k_loop_tma(a_desc, w_desc, expert, a_row0, a_row, m_mask, n0, N_OUT, N_ROWS
             acc += _dot(a, w, INTERPRET_DOT)
         acc_g, acc_u = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N, 2)))
     else:
-        for k0 in range(0, K, BLOCK_K):
+        for k0 in tl.range(0, K, BLOCK_K, warp_specialize=WARP_SPEC):
             a = _a_tile(a_desc, a_row0, a_row, m_mask, k0, K, A_TMA, BLOCK_K)
             wg = w_desc.load([wrow + n0, k0])
             if INTERPRET_DOT:
@@ -727,7 +739,7 @@ def _k_loop_tma(a_desc, w_desc, expert, a_row0, a_row, m_mask, n0, N_OUT, N_ROWS
                 wg = bf16_to_f32(wg)
             acc_g += _dot(a, wg, INTERPRET_DOT)
             if GATED:
-                wu = w_desc.load([wrow + N_OUT + n0, k0])
+                wu = w_desc.load([wrow + up_row + n0, up_col + k0])
                 if INTERPRET_DOT:
                     wu = bf16_to_f32(wu)
                 acc_u += _dot(a, wu, INTERPRET_DOT)
@@ -749,7 +761,8 @@ def moe_gemm_kernel(
     ROW_PAIRS: tl.constexpr = False, QUANT_NVFP4: tl.constexpr = False, NV_NORMAL: tl.constexpr = False,
     GROUP_M: tl.constexpr = 0, A_TMA: tl.constexpr = False, W_TMA: tl.constexpr = False,
     PERSISTENT: tl.constexpr = False, used_blocks_ptr=None,
-    SERIAL_K: tl.constexpr = False, count_ptr=None, final_ptr=None,
+    SERIAL_K: tl.constexpr = False, count_ptr=None, final_ptr=None, WARP_SPEC: tl.constexpr = False, a_desc_rows=0,
+    w_desc_rows=0,
 ):
     """out[pair, n] for BLOCK_M pairs of one expert (rows of a: pair // a_row_div) x BLOCK_N outputs.
 
@@ -772,6 +785,10 @@ def moe_gemm_kernel(
     in the order the plain grid's programs would take them, as one loop that Triton flattens, so that the next
     tile's first loads are issued during this tile's last K steps and epilogue (no split-K). The same tiles, the same
     bits.
+    WARP_SPEC (A_TMA and W_TMA; _k_loop_tma): the K loop warp-specialized by Triton, a_ptr and w_ptr the tensors
+    (the gathered activation rows, a_desc_rows of them; the weights, w_desc_rows rows of K, or of 2 K as gate and up
+    row pairs where interleaved), their descriptors made here: Triton 3.9's sm90 warp specialization splits the boxes
+    between its consumer warpgroups, which it cannot do to a descriptor made on the host.
     SERIAL_K (with SPLIT_K > 1): the split-K epilogue in this launch, not splitk_epilogue_kernel's: each program
     stores its partial sums, then counts itself in at count_ptr[tile] (int32, zero before the launch); the tile's
     last program adds the SPLIT_K partial sums in split order, as splitk_epilogue_kernel does, runs the same
@@ -791,7 +808,7 @@ def moe_gemm_kernel(
                       q_scale_ptr, pid_m, pid_n, 0, expert, A_SCALE, W_KIND, PACKED, EBITS, MBITS, BIAS,
                       W_BLOCK_SCALE, HAS_EXPERT_SCALE, HAS_BIAS, GATED, INTERLEAVED, ACT, APPLY_ACT, HAS_LIMIT,
                       BLOCK_M, BLOCK_N, BLOCK_K, INTERPRET_DOT, DOT_SCALED, DS_FMT, BITPLACE, MMA_STEPS, SPLIT_K,
-                      ROW_PAIRS, QUANT_NVFP4, NV_NORMAL, A_TMA, W_TMA, SERIAL_K, count_ptr, final_ptr)
+                      ROW_PAIRS, QUANT_NVFP4, NV_NORMAL, A_TMA, W_TMA, SERIAL_K, count_ptr, final_ptr, WARP_SPEC)
     else:
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
@@ -799,14 +816,26 @@ def moe_gemm_kernel(
             pid_m, pid_n = grouped_tile_order(pid_m, pid_n, tl.num_programs(0), tl.num_programs(1), GROUP_M)
         pid_s = tl.program_id(2)
         expert = tl.load(block_expert_ptr + pid_m)
-        if expert < 0:  # a block past the used ones (the grid is sized for the worst case)
-            return
-        _moe_tile(a_ptr, a_scale_ptr, w_ptr, ws_ptr, w_block_scale_ptr, expert_scale_ptr, bias_ptr, out_ptr,
-                  sorted_rows_ptr, n_pairs, a_row_div, N_OUT, N_ROWS, K, alpha, beta, beta_lin, limit, q_scale_ptr,
-                  pid_m, pid_n, pid_s, expert, A_SCALE, W_KIND, PACKED, EBITS, MBITS, BIAS, W_BLOCK_SCALE,
-                  HAS_EXPERT_SCALE, HAS_BIAS, GATED, INTERLEAVED, ACT, APPLY_ACT, HAS_LIMIT, BLOCK_M, BLOCK_N, BLOCK_K,
-                  INTERPRET_DOT, DOT_SCALED, DS_FMT, BITPLACE, MMA_STEPS, SPLIT_K, ROW_PAIRS, QUANT_NVFP4, NV_NORMAL,
-                  A_TMA, W_TMA, SERIAL_K, count_ptr, final_ptr)
+        # a block past the used ones (the grid is sized for the worst case) computes nothing: an early return, or
+        # with WARP_SPEC an if around the tile (Triton's sm90 warp specialization takes structured control flow only)
+        if WARP_SPEC:
+            used = expert >= 0
+            a_ptr = tl.make_tensor_descriptor(a_ptr, shape=[a_desc_rows, K], strides=[K, 1],
+                                              block_shape=[BLOCK_M, BLOCK_K])
+            w_cols = 2 * K if GATED and INTERLEAVED else K
+            w_ptr = tl.make_tensor_descriptor(w_ptr, shape=[w_desc_rows, w_cols], strides=[w_cols, 1],
+                                              block_shape=[BLOCK_N, BLOCK_K])
+        else:
+            if expert < 0:
+                return
+            used: tl.constexpr = True
+        if used:
+            _moe_tile(a_ptr, a_scale_ptr, w_ptr, ws_ptr, w_block_scale_ptr, expert_scale_ptr, bias_ptr, out_ptr,
+                      sorted_rows_ptr, n_pairs, a_row_div, N_OUT, N_ROWS, K, alpha, beta, beta_lin, limit, q_scale_ptr,
+                      pid_m, pid_n, pid_s, expert, A_SCALE, W_KIND, PACKED, EBITS, MBITS, BIAS, W_BLOCK_SCALE,
+                      HAS_EXPERT_SCALE, HAS_BIAS, GATED, INTERLEAVED, ACT, APPLY_ACT, HAS_LIMIT, BLOCK_M, BLOCK_N,
+                      BLOCK_K, INTERPRET_DOT, DOT_SCALED, DS_FMT, BITPLACE, MMA_STEPS, SPLIT_K, ROW_PAIRS, QUANT_NVFP4,
+                      NV_NORMAL, A_TMA, W_TMA, SERIAL_K, count_ptr, final_ptr, WARP_SPEC)
 
 
 @_device
@@ -820,7 +849,7 @@ def _moe_tile(a_ptr, a_scale_ptr, w_ptr, ws_ptr, w_block_scale_ptr, expert_scale
               BLOCK_K: tl.constexpr, INTERPRET_DOT: tl.constexpr, DOT_SCALED: tl.constexpr, DS_FMT: tl.constexpr,
               BITPLACE: tl.constexpr, MMA_STEPS: tl.constexpr, SPLIT_K: tl.constexpr, ROW_PAIRS: tl.constexpr,
               QUANT_NVFP4: tl.constexpr, NV_NORMAL: tl.constexpr, A_TMA: tl.constexpr, W_TMA: tl.constexpr,
-              SERIAL_K: tl.constexpr, count_ptr, final_ptr):
+              SERIAL_K: tl.constexpr, count_ptr, final_ptr, WARP_SPEC: tl.constexpr):
     """moe_gemm_kernel's tile (pid_m, pid_n) of row block pid_m (its expert `expert`, at least 0), K range pid_s."""
     pair = tl.load(sorted_rows_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
     m_mask = pair < n_pairs
@@ -875,7 +904,8 @@ def _moe_tile(a_ptr, a_scale_ptr, w_ptr, ws_ptr, w_block_scale_ptr, expert_scale
         tl.static_assert(W_KIND == 0 and A_SCALE != 2 and not W_BLOCK_SCALE and not DOT_SCALED,
                          "TMA weights: bf16, no per-step scales")
         acc_g, acc_u = _k_loop_tma(a_ptr, w_ptr, expert, pid_m * BLOCK_M, a_row, m_mask, pid_n * BLOCK_N, N_OUT,
-                                   N_ROWS, K, GATED, INTERLEAVED, A_TMA, BLOCK_M, BLOCK_N, BLOCK_K, INTERPRET_DOT)
+                                   N_ROWS, K, GATED, INTERLEAVED, A_TMA, BLOCK_M, BLOCK_N, BLOCK_K, INTERPRET_DOT,
+                                   WARP_SPEC)
     else:
         tl.static_assert(not A_TMA, "the dequantizing loop gathers its activation rows itself")
         acc_g, acc_u = _k_loop(a_ptr, a_scale_ptr, w_ptr, ws_ptr, w_block_scale_ptr, expert, a_row, m_mask, g_row,
