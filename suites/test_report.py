@@ -122,3 +122,29 @@ def test_html_report_renders_in_headless_chromium(tmp_path):
     colours = {tuple(round(float(c) * 255) for c in px) for px in pixels.reshape(-1, 3)[::7]}
     assert (0xF8, 0xD4, 0xD4) in colours, "the failed case's red cell is not on the screen"
     assert (0xDF, 0xF3, 0xE0) in colours, "the passed case's green cell is not on the screen"
+
+
+def test_the_chain_timeline_cuts_replays_at_the_flushes_and_reports_gaps():
+    """tools/chain_timeline.py on a synthetic profiler trace: two replays of three kernels after 256 MB flushes (a
+    fill kernel, then a memset), a small fill of the forward's own kept in its replay; the gaps between kernels
+    (negative where programmatic dependents overlap) and each replay's wall and summed kernel time."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    from chain_timeline import replay_kernels, timeline
+
+    def k(name, ts, dur, cat="kernel"):
+        return dict(ph="X", cat=cat, name=name, ts=ts, dur=dur)
+
+    trace = [k("vectorized_elementwise_kernel<FillFunctor>", 0, 80), k("align", 100, 2), k("gemm1", 101, 20),
+             k("small FillFunctor", 121, 1), k("gemm2", 125, 10), dict(ph="i", name="marker", ts=130),
+             k("Memset (Device)", 200, 70, cat="gpu_memset"), k("align", 300, 2), k("gemm1", 303, 20),
+             k("small FillFunctor", 323, 1), k("gemm2", 330, 10)]
+    runs = replay_kernels(list(reversed(trace)))
+    assert [[n for n, *_ in r] for r in runs] == [["align", "gemm1", "small FillFunctor", "gemm2"]] * 2
+    lines, wall, busy = timeline(runs[0])
+    assert (wall, busy) == (35.0, 33.0)
+    assert [line.split()[2] for line in lines[1:]] == ["-1.0", "+0.0", "+3.0"]
+    lines, wall, busy = timeline(runs[1])
+    assert (wall, busy) == (40.0, 33.0) and lines[1].split()[2] == "+1.0"
+    with pytest.raises(RuntimeError, match="no L2 flush"):
+        replay_kernels([k("gemm1", 0, 5)])
+

@@ -11,6 +11,9 @@
 #   PART=bench  ~3 min: make bench's bf16 prefill rows with the table's row, then with MOE_CONFORMANCE_BF16_WARP_SPEC=1
 #   PART=race   ~1 min: tma128_race.py again, then tma128_prefill.py (TMA activations at 128 rows, 2 / 4 stages, timed
 #               as tune_moe times)
+#   PART=timeline ~1.5 min: tools/chain_timeline.py at one token (gpt-oss-120b MXFP4 / NVFP4 / NVFP4 W4A4, Kimi-K2
+#               MXFP4): where run-22's NVFP4 W4A4 one-token forward (45.5 us) loses the ~4 us that its kernels' sum
+#               (41.3 us) does not account for, while NVFP4 W4A16's sum is its wall time (39.1 us)
 export PYTHONUNBUFFERED=1
 here=$(dirname "$0")
 HOST=$(python3 -m harness platforms --host)
@@ -52,4 +55,9 @@ case "${PART:-check}" in
   race)
     timeout 100 python3 $here/tma128_race.py 2>&1 | grep -v Warning | tee $OUT/tma128_race.log
     timeout 150 python3 $here/tma128_prefill.py 2>&1 | grep -v Warning | tee $OUT/tma128_prefill.log ;;
+  timeline)
+    timeout 150 python3 tools/chain_timeline.py --model gpt-oss-120b --tokens 1 --backend triton_bitplace_gluon \
+      --scheme w_mxfp4 --scheme w_nvfp4 --scheme w_nvfp4_a_nvfp4 2>&1 | grep -v Warning | tee $OUT/timeline.log
+    timeout 100 python3 tools/chain_timeline.py --model kimi-k2 --tokens 1 --backend triton_bitplace_gluon \
+      --scheme w_mxfp4 2>&1 | grep -v Warning | tee -a $OUT/timeline.log ;;
 esac
