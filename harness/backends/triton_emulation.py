@@ -715,14 +715,15 @@ H200_MULTIPROCESSORS = 132  # compile_check's target, where no GPU answers
 
 def _check_warp_spec(tiles: dict, w_tma: bool, bitplace: bool, wq, pairs: bool, k_dim: int) -> None:
     """A ValueError naming warp_spec where the launch is not one Triton's sm90 warp specialization compiles: the bf16
-    TMA loop with both operands by TMA (tma 1: Triton 3.6 fails on activations by pointers) on the plain grid (the
-    kernel makes its descriptors there), tiles of at least 128
-    rows (each consumer warpgroup takes half; a wgmma takes 64), K a multiple of block_k where gate and up rows are
-    read as row pairs (a box would straddle them)."""
+    TMA loop with both operands by TMA (tma 1: Triton 3.6 fails on activations by pointers; K a multiple of 8, TMA's
+    16-byte strides) on the plain grid (the kernel makes its descriptors there), tiles of at least 128 rows (each
+    consumer warpgroup takes half; a wgmma takes 64), K a multiple of block_k where gate and up rows are read as row
+    pairs (a box would straddle them)."""
     if not w_tma or tiles.get("tma") != 1:
         kind = "bit-placement" if bitplace else "dequantizing" if wq is not None else "bf16"
         raise ValueError(f"warp_spec (the K loop warp-specialized by Triton) takes the bf16 TMA loop with both "
-                         f"operands by TMA: bf16 weights, tma 1; got tma {tiles.get('tma')} for a {kind} GEMM")
+                         f"operands by TMA: bf16 weights, tma 1, K a multiple of 8; got tma {tiles.get('tma')}, K "
+                         f"{k_dim} for a {kind} GEMM")
     if tiles.get("persistent"):
         raise ValueError(f"warp_spec takes the plain grid (one tile a program), got persistent {tiles['persistent']}")
     if tiles["block_m"] < 128:

@@ -1,13 +1,13 @@
 #!/bin/bash
 # Issue 28 run-23 (session 25 wrote it): the bf16 prefill loop warp-specialized by Triton (tiles' warp_spec: both
 # operands by TMA, descriptors made on the device, a producer warpgroup and two consumer warpgroups). H200, carry
-# .third_party; each part one call.
+# .third_party; PART may name several parts, run in turn in one call (PART="check timeline": ~6 min).
 #   PART=check  ~4 min: bit for bit warp_spec 1 (4 warps) against the 8-warp TMA loop (tma 1) at 2048 tokens on both
 #               models (gpt-oss-120b: gate and up rows interleaved, read as row pairs; Kimi-K2: halves); conformance and
 #               special values with the row fixed at every size (prefill_backends.py); memcheck and synccheck of
 #               tools/sanitize_kernels.py (its warp_spec cases)
-#   PART=tune   ~4 min: tools/tune_moe.py --prefill, bf16, both models: tma 1 / 2, warp_spec 0 / 1, 3 / 4 stages,
-#               GEMM2 at 128 / 256 columns
+#   PART=tune   ~3 min: tools/tune_moe.py --prefill, bf16, both models: tma 1 / 2, warp_spec 0 / 1, 3 / 4 stages,
+#               4 / 8 warps, GEMM2 at 256 columns (the row)
 #   PART=bench  ~3 min: make bench's bf16 prefill rows with the table's row, then with MOE_CONFORMANCE_BF16_WARP_SPEC=1
 #   PART=race   ~1 min: tma128_race.py again, then tma128_prefill.py (TMA activations at 128 rows, 2 / 4 stages, timed
 #               as tune_moe times)
@@ -19,7 +19,8 @@ here=$(dirname "$0")
 HOST=$(python3 -m harness platforms --host)
 cfg() { for kv in $2; do echo -n " --$1 $kv"; done; }
 ROW="block_m=128 block_n=128 block_k=64 num_stages=4 group_m=8 tma=1 w2_block_n=256"
-case "${PART:-check}" in
+for part in ${PART:-check}; do
+case $part in
   check)
     for model in gpt-oss-120b kimi-k2; do
       timeout 120 python3 tools/bit_for_bit.py --model $model --scheme bf16 --tokens 2048 --ref triton_emulation \
@@ -38,9 +39,9 @@ case "${PART:-check}" in
       echo "$tool: rc=$?"; grep -E "ERROR SUMMARY|warp_spec" $OUT/$tool.log
     done ;;
   tune)
-    OUT=$OUT timeout 560 python3 tools/tune_moe.py --prefill --case gpt-oss-120b/bf16/triton_emulation \
+    timeout 300 python3 tools/tune_moe.py --prefill --case gpt-oss-120b/bf16/triton_emulation \
       --case kimi-k2/bf16/triton_emulation --where block_m=128 --where block_n=128 --where group_m=8 --where tail_m=0 \
-      --where persistent=0 --where tma=1,2 --where num_warps=4,8 --where num_stages=3,4 --where w2_block_n=0,256 \
+      --where persistent=0 --where tma=1,2 --where num_warps=4,8 --where num_stages=3,4 --where w2_block_n=256 \
       > $OUT/tune.log 2>&1
     echo "tune: rc=$?"; grep -v Warning $OUT/tune.log | tail -30 ;;
   bench)
@@ -61,3 +62,4 @@ case "${PART:-check}" in
     timeout 100 python3 tools/chain_timeline.py --model kimi-k2 --tokens 1 --backend triton_bitplace_gluon \
       --scheme w_mxfp4 2>&1 | grep -v Warning | tee -a $OUT/timeline.log ;;
 esac
+done
