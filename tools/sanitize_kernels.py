@@ -139,7 +139,13 @@ def main() -> int:
                                  (_bitplace().configure(**_PREFILL_FP4_TMA), "w_nvfp4_a_nvfp4", "SILU"),
                                  # tail_m: no expert fills a 32-row block here, every row in the tail launch
                                  (TritonEmulationBackend().configure(**{**_PREFILL_BF16_TMA, "block_m": 32},
-                                                                     tail_m=16), "bf16", "SWIGLUOAI")):
+                                                                     tail_m=16), "bf16", "SWIGLUOAI"),
+                                 # the same as short blocks in the one launch (inline_tails), bf16 by TMA and the
+                                 # bit-placement loop
+                                 (TritonEmulationBackend().configure(**{**_PREFILL_BF16_TMA, "block_m": 32, "tma": 2},
+                                                                     tail_m=16, inline_tails=1), "bf16", "SWIGLUOAI"),
+                                 (_bitplace().configure(**{**_PREFILL_FP4_TMA, "block_m": 32, "tma": 0}, tail_m=16,
+                                                        inline_tails=1), "w_mxfp4", "SILU")):
         ckpt = make_checkpoint(scheme, act, tail.num_experts, tail.hidden_size, tail.intermediate_size, seed=1,
                                with_bias=act == "SWIGLUOAI")
         x, w, ids = case_inputs(tail, 1)

@@ -33,13 +33,15 @@ DECODE = [dict(block_m=16, block_n=n, block_k=k, num_warps=w, num_stages=s)
 # expert's rows padded to that many, not block_m, its last rows in a second launch of tail_m-row blocks (0: one launch);
 # persistent: that many programs a multiprocessor, each computing tiles in turn (moe_gemm_kernel's PERSISTENT; 0 the
 # plain grid); w2_block_n: GEMM2's N tile where it differs (0: block_n); warp_spec: the bf16 TMA loop warp-specialized
-# by Triton (a producer warpgroup, num_warps 4 doubled into two consumer warpgroups; tma 1, 128-row tiles, no tails)
+# by Triton (a producer warpgroup, num_warps 4 doubled into two consumer warpgroups; tma 1, 128-row tiles, no tails);
+# inline_tails: the tail blocks in the GEMM's one launch at tail_m rows (tail_m = block_m / 2; not tma 1)
 PREFILL = [dict(block_m=m, block_n=n, block_k=k, num_warps=w, num_stages=s, group_m=g, tma=t, tail_m=tm, persistent=p,
-                w2_block_n=n2, warp_spec=ws)
-           for m, n, k, w, s, g, t, tm, p, n2, ws in itertools.product((64, 128), (64, 128), (64,), (4, 8), (3, 4),
-                                                                       (0, 4, 8, 16), (0, 1, 2), (0, 32, 64),
-                                                                       (0, 1, 2), (0, 256), (0, 1))
-           if tm < m and not (ws and (t != 1 or m < 128 or tm or w != 4 or p))]
+                w2_block_n=n2, warp_spec=ws, inline_tails=it)
+           for m, n, k, w, s, g, t, tm, p, n2, ws, it in itertools.product(
+               (64, 128), (64, 128), (64,), (4, 8), (3, 4), (0, 4, 8, 16), (0, 1, 2), (0, 32, 64), (0, 1, 2), (0, 256),
+               (0, 1), (0, 1))
+           if tm < m and not (ws and (t != 1 or m < 128 or tm or w != 4 or p))
+           and not (it and (2 * tm != m or t == 1 or p))]
 # triton_bitplace: one 128-value chunk per K step and one warpgroup (its tiles' layout is the wgmma operand's);
 # mma_steps 2 with maxnreg 96 compiles to 96 registers (5 programs per SM instead of 4, no spill in the loop);
 # split_k shares a tile's K chunks among programs (few tokens leave SMs idle: 180 programs at gpt-oss, 1 token);
@@ -72,11 +74,12 @@ GLUON_DECODE = [dict(block_m=16, block_n=n, block_k=128, num_warps=4, num_stages
 # prefill: 64 weight rows a program on one warpgroup, or 128 on two (8 warps: the activation tile shared by both, no
 # decode done twice); mma_steps 2 halves the decoded tile held in registers (255 a thread at 128 rows either way)
 BITPLACE_PREFILL = [dict(block_m=m, block_n=n, block_k=128, num_warps=w, num_stages=s, group_m=g, tma=t, tail_m=tm,
-                         persistent=p, mma_steps=k)
-                    for m, (n, w), s, g, t, tm, p, k in itertools.product((64, 128), ((64, 4), (128, 8)), (2, 3, 4),
-                                                                          (0, 4, 8, 16), (0, 1), (0, 32, 64),
-                                                                          (0, 1, 2, 3), (1, 2))
-                    if tm < m and not (t and m > 64)]  # tma at 128 rows: refused (it races when compiled, run-23)
+                         persistent=p, mma_steps=k, inline_tails=it)
+                    for m, (n, w), s, g, t, tm, p, k, it in itertools.product(
+                        (64, 128), ((64, 4), (128, 8)), (2, 3, 4), (0, 4, 8, 16), (0, 1), (0, 32, 64), (0, 1, 2, 3),
+                        (1, 2), (0, 1))
+                    # tma at 128 rows: refused (it races when compiled, run-23)
+                    if tm < m and not (t and m > 64) and not (it and (2 * tm != m or t or p))]
 CASES = [("gpt-oss-120b", "w_mxfp4", "triton_dot_scaled"), ("gpt-oss-120b", "w_mxfp4", "triton_emulation"),
          ("gpt-oss-120b", "w_nvfp4", "triton_emulation"), ("gpt-oss-120b", "bf16", "triton_emulation")]
 

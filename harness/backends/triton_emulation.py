@@ -84,7 +84,7 @@ FUSED_ALIGN_MAX_PAIRS = 1024
 
 TILE_KEYS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "w2_block_n", "maxnreg", "mma_steps",
              "split_k", "mma_overlap", "w2_mma_overlap", "pdl", "persistent", "group_m", "tma", "tail_m",
-             "serial_k", "warp_spec")
+             "serial_k", "warp_spec", "inline_tails")
 # optional keys: w2_block_n (GEMM2's N tile where it differs from GEMM1's), maxnreg (a register cap per thread, so
 # that more programs fit on a multiprocessor; 0 = the compiler's choice), mma_steps (triton_bitplace: MMA steps per
 # 128-value chunk, 1 or 2; 2 holds half the decoded tile in registers), split_k (triton_bitplace: the K chunks
@@ -109,7 +109,9 @@ TILE_KEYS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "w2_blo
 # splitk_epilogue_kernel would run: one launch fewer; GEMM2's top-k sum stays its own launch), warp_spec (the bf16 TMA
 # loop with tma 1 and 128-row tiles warp-specialized by Triton's sm90 pass: a producer warpgroup, and num_warps warps
 # doubled into two consumer warpgroups; _check_warp_spec). A table row may give warp_spec_if_fits 1 instead (warp_spec
-# where the model's sizes allow it, else twice the warps unspecialized), and
+# where the model's sizes allow it, else twice the warps unspecialized), inline_tails (with tail_m = block_m / 2: 1
+# runs the tail blocks in the GEMM's one launch, each right after its expert's full blocks, at tail_m rows; the
+# kernel's TAIL_M; not with tma 1, warp_spec or a persistent grid), and
 # split_k_programs instead: split_k then is the fewest splits that give GEMM1 that many programs (split_k_to_fill),
 # and pdl_bytes: pdl 1 where GEMM2's weights of the call (one expert a pair at most) are at most that many bytes,
 # else 2
@@ -177,6 +179,36 @@ def split_tail_blocks(sorted_rows: torch.Tensor, block_expert: torch.Tensor, tai
     big_blocks = regroup(big, n_small // ratio, lambda e, j: start[e] + j * ratio, ratio)
     tail_blocks = regroup(tail, min(n_small, (ratio - 1) * num_experts), lambda e, j: start[e] + big[e] * ratio + j, 1)
     return big_blocks, tail_blocks
+
+
+def inline_tail_blocks(sorted_rows: torch.Tensor, block_expert: torch.Tensor, tail_m: int, num_experts: int,
+                       n_pairs: int):
+    """_align's blocks of tail_m rows regrouped for one launch of 2 tail_m-row blocks (inline_tails): each expert's
+    full blocks (two consecutive small blocks), then its short block where a small block is left (its rows in the
+    first tail_m slots, padding slots n_pairs after them), experts in order. (sorted_rows, block_expert, short:
+    int32, 1 for a short block), in _align's layout (unused blocks expert -1), sized for the worst case on the
+    device. A short block follows its expert's full blocks, so that the grid's grouped order runs them together and
+    the expert's weights are read from L2, not from memory a second time as by a tail launch."""
+    dev = block_expert.device
+    be = block_expert.long()
+    counts = torch.zeros(num_experts, dtype=torch.long, device=dev).scatter_add_(0, be.clamp(min=0), (be >= 0).long())
+    start = torch.cumsum(counts, 0) - counts  # an expert's first small block (_align lays experts out in order)
+    full, short = counts // 2, counts % 2
+    per_expert = full + short
+    end = torch.cumsum(per_expert, 0)
+    small_rows = sorted_rows.view(-1, tail_m)
+    n_small = small_rows.shape[0]
+    slot = torch.arange(n_small // 2 + min(num_experts, n_small), device=dev)
+    e = torch.searchsorted(end, slot, right=True).clamp(max=num_experts - 1)
+    used = slot < end[-1]
+    j = slot - (end[e] - per_expert[e])  # the block's place among its expert's
+    is_short = used & (j == full[e])
+    first = (start[e] + 2 * j).clamp(max=n_small - 1)
+    second = torch.where(is_short[:, None], torch.full_like(small_rows[:1], n_pairs),
+                         small_rows[(first + 1).clamp(max=n_small - 1)])
+    rows = torch.cat([small_rows[first], second], dim=1)
+    rows = torch.where(used[:, None], rows, n_pairs).reshape(-1)
+    return rows.to(torch.int32), torch.where(used, e, -1).to(torch.int32), is_short.to(torch.int32)
 
 
 TAIL_M_CHOICES = (32, 64)
@@ -341,10 +373,18 @@ class TritonEmulationBackend:
             if tiles.get("warp_spec") and tail_m < 128:  # (_check_warp_spec's rule, before the first launch)
                 raise ValueError(f"warp_spec splits a tile's rows between two consumer warpgroups of 64-row MMAs: "
                                  f"tail_m (and block_m) at least 128, got tail_m {tail_m}")
-            big, tail = split_tail_blocks(sorted_rows, block_expert, tail_m, tiles["block_m"], ckpt.num_experts, p)
-            launches = [(*big, tiles), (*tail, {**tiles, "block_m": tail_m})]
+            if tiles.get("inline_tails"):  # one launch: each expert's short block after its full ones
+                if tiles["block_m"] != 2 * tail_m or tiles.get("tma") == 1 or tiles.get("warp_spec") or \
+                        tiles.get("persistent"):
+                    raise ValueError(f"inline_tails takes tail_m = block_m / 2 (got tail_m {tail_m}, block_m "
+                                     f"{tiles['block_m']}), activations by pointers (not tma 1), neither warp_spec nor "
+                                     "a persistent grid")
+                launches = [inline_tail_blocks(sorted_rows, block_expert, tail_m, ckpt.num_experts, p) + (tiles,)]
+            else:
+                big, tail = split_tail_blocks(sorted_rows, block_expert, tail_m, tiles["block_m"], ckpt.num_experts, p)
+                launches = [(*big, None, tiles), (*tail, None, {**tiles, "block_m": tail_m})]
         else:
-            launches = [(sorted_rows, block_expert, tiles)]
+            launches = [(sorted_rows, block_expert, None, tiles)]
         if a1 is None:
             a1, a1_mode, a1_scale = self._quantize_activation(x, prepared.a1_scale, aq, fp8_fmt)
         else:
@@ -352,8 +392,9 @@ class TritonEmulationBackend:
         y = torch.empty(p, isz, dtype=torch.bfloat16, device=dev)
         quantized = [self._gemm(prepared, "w13", a1, a1_mode, a1_scale, y, rows, experts, topk_ids, a_row_div=k,
                                 n_out=isz, k_dim=h, apply_act=True, tiles=launch_tiles,
-                                quantize_nvfp4=prepared.a2_scale if fold_nvfp4 else None, tail=i > 0)
-                     for i, (rows, experts, launch_tiles) in enumerate(launches)]
+                                quantize_nvfp4=prepared.a2_scale if fold_nvfp4 else None, tail=i > 0,
+                                block_short=short)
+                     for i, (rows, experts, short, launch_tiles) in enumerate(launches)]
         if all(quantized):
             a2, a2_mode, a2_scale = y, 1, prepared.a2_scale.reshape(1)
         else:
@@ -362,8 +403,9 @@ class TritonEmulationBackend:
         out = torch.empty(t, h, dtype=torch.bfloat16, device=dev)
         summed = [self._gemm(prepared, "w2", a2, a2_mode, a2_scale, z, rows, experts, topk_ids, a_row_div=1,
                              n_out=h, k_dim=isz, apply_act=False, tiles=launch_tiles, tail=i > 0,
-                             topk_sum=(topk_weights, out) if self.fold_epilogues and len(launches) == 1 else None)
-                  for i, (rows, experts, launch_tiles) in enumerate(launches)]
+                             topk_sum=(topk_weights, out) if self.fold_epilogues and len(launches) == 1 else None,
+                             block_short=short)
+                  for i, (rows, experts, short, launch_tiles) in enumerate(launches)]
         if not all(summed):
             K.topk_reduce_kernel[(t, triton_cdiv(h, TOPK_BLOCK_H))](z, topk_weights, out, h, **SEPARATE_ROUNDINGS,
                                                                    TOP_K=k,
@@ -541,11 +583,13 @@ class TritonEmulationBackend:
         return sorted_rows, block_expert
 
     def _gemm(self, prep: Prepared, which: str, a, a_mode, a_scale, out, sorted_rows, block_expert, topk_ids,
-              a_row_div, n_out, k_dim, apply_act, tiles, topk_sum=None, quantize_nvfp4=None, tail=False) -> bool:
+              a_row_div, n_out, k_dim, apply_act, tiles, topk_sum=None, quantize_nvfp4=None, tail=False,
+              block_short=None) -> bool:
         """One grouped GEMM into `out`; its epilogue may do the next step too (True returned):
         quantize_nvfp4=tensor scale (GEMM1): out holds the next GEMM's NVFP4 activation values;
         topk_sum=(topk_weights, out_tokens) (GEMM2, split-K): the top-k sum into out_tokens (out untouched).
-        tail: the launch of the tail blocks (tiles' tail_m), recorded under "w13_tail" / "w2_tail"."""
+        tail: the launch of the tail blocks (tiles' tail_m), recorded under "w13_tail" / "w2_tail".
+        block_short: inline_tail_blocks' flags (tiles' inline_tails): the short blocks at tail_m rows."""
         ckpt = prep.ckpt
         wq = ckpt.scheme.weight
         act = ckpt.activation
@@ -624,6 +668,8 @@ class TritonEmulationBackend:
                       GATED=gated, INTERLEAVED=act.interleaved, ACT=_ACT_IDS[act.formula],
                       APPLY_ACT=apply_act, HAS_LIMIT=act.limit is not None)
         scalars = (float(act.alpha), float(act.beta), float(act.beta_lin), float(act.limit or 0.0))
+        if block_short is not None:
+            launch_options.update(TAIL_M=tiles["tail_m"], block_short_ptr=block_short)
         if tiles.get("tail_m") and (split_k > 1 or partials):  # their epilogues run over every pair of the GEMM
             raise ValueError(f"tail_m {tiles['tail_m']} (a GEMM in two launches) with split_k {split_k} or a "
                              "partial-sums kernel: the split-K epilogue would read the other launch's pairs unwritten")

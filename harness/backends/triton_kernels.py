@@ -762,7 +762,7 @@ def moe_gemm_kernel(
     GROUP_M: tl.constexpr = 0, A_TMA: tl.constexpr = False, W_TMA: tl.constexpr = False,
     PERSISTENT: tl.constexpr = False, used_blocks_ptr=None,
     SERIAL_K: tl.constexpr = False, count_ptr=None, final_ptr=None, WARP_SPEC: tl.constexpr = False, a_desc_rows=0,
-    w_desc_rows=0,
+    w_desc_rows=0, TAIL_M: tl.constexpr = 0, block_short_ptr=None,
 ):
     """out[pair, n] for BLOCK_M pairs of one expert (rows of a: pair // a_row_div) x BLOCK_N outputs.
 
@@ -785,6 +785,10 @@ def moe_gemm_kernel(
     in the order the plain grid's programs would take them, as one loop that Triton flattens, so that the next
     tile's first loads are issued during this tile's last K steps and epilogue (no split-K). The same tiles, the same
     bits.
+    TAIL_M (BLOCK_M = 2 TAIL_M): block pid_m is short where block_short_ptr[pid_m] is nonzero (an expert's last
+    rows, at most TAIL_M of them, in the block's first TAIL_M slots): its tile is computed at TAIL_M rows, in the
+    same launch as the expert's full blocks (its weights then still in L2), not at BLOCK_M rows of which half are
+    padding.
     WARP_SPEC (A_TMA and W_TMA; _k_loop_tma): the K loop warp-specialized by Triton, a_ptr and w_ptr the tensors
     (the gathered activation rows, a_desc_rows of them; the weights, w_desc_rows rows of K, or of 2 K as gate and up
     row pairs where interleaved), their descriptors made here: Triton 3.9's sm90 warp specialization splits the boxes
@@ -805,8 +809,8 @@ def moe_gemm_kernel(
             expert = tl.load(block_expert_ptr + pid_m)
             _moe_tile(a_ptr, a_scale_ptr, w_ptr, ws_ptr, w_block_scale_ptr, expert_scale_ptr, bias_ptr, out_ptr,
                       sorted_rows_ptr, n_pairs, a_row_div, N_OUT, N_ROWS, K, alpha, beta, beta_lin, limit,
-                      q_scale_ptr, pid_m, pid_n, 0, expert, A_SCALE, W_KIND, PACKED, EBITS, MBITS, BIAS,
-                      W_BLOCK_SCALE, HAS_EXPERT_SCALE, HAS_BIAS, GATED, INTERLEAVED, ACT, APPLY_ACT, HAS_LIMIT,
+                      q_scale_ptr, pid_m, pid_n, 0, expert, pid_m * BLOCK_M, A_SCALE, W_KIND, PACKED, EBITS, MBITS,
+                      BIAS, W_BLOCK_SCALE, HAS_EXPERT_SCALE, HAS_BIAS, GATED, INTERLEAVED, ACT, APPLY_ACT, HAS_LIMIT,
                       BLOCK_M, BLOCK_N, BLOCK_K, INTERPRET_DOT, DOT_SCALED, DS_FMT, BITPLACE, MMA_STEPS, SPLIT_K,
                       ROW_PAIRS, QUANT_NVFP4, NV_NORMAL, A_TMA, W_TMA, SERIAL_K, count_ptr, final_ptr, WARP_SPEC)
     else:
@@ -829,19 +833,31 @@ def moe_gemm_kernel(
             if expert < 0:
                 return
             used: tl.constexpr = True
+        if TAIL_M:  # a short block (an expert's last rows) at TAIL_M rows, the rest at BLOCK_M
+            tl.static_assert(BLOCK_M == 2 * TAIL_M and not PERSISTENT and not A_TMA and not WARP_SPEC,
+                             "short blocks: BLOCK_M = 2 TAIL_M, the plain grid, activations by pointers")
+            if tl.load(block_short_ptr + pid_m) != 0:
+                _moe_tile(a_ptr, a_scale_ptr, w_ptr, ws_ptr, w_block_scale_ptr, expert_scale_ptr, bias_ptr, out_ptr,
+                          sorted_rows_ptr, n_pairs, a_row_div, N_OUT, N_ROWS, K, alpha, beta, beta_lin, limit,
+                          q_scale_ptr, pid_m, pid_n, pid_s, expert, pid_m * BLOCK_M, A_SCALE, W_KIND, PACKED, EBITS,
+                          MBITS, BIAS, W_BLOCK_SCALE, HAS_EXPERT_SCALE, HAS_BIAS, GATED, INTERLEAVED, ACT, APPLY_ACT,
+                          HAS_LIMIT, TAIL_M, BLOCK_N, BLOCK_K, INTERPRET_DOT, DOT_SCALED, DS_FMT, BITPLACE, MMA_STEPS,
+                          SPLIT_K, ROW_PAIRS, QUANT_NVFP4, NV_NORMAL, A_TMA, W_TMA, SERIAL_K, count_ptr, final_ptr,
+                          WARP_SPEC)
+                return
         if used:
             _moe_tile(a_ptr, a_scale_ptr, w_ptr, ws_ptr, w_block_scale_ptr, expert_scale_ptr, bias_ptr, out_ptr,
                       sorted_rows_ptr, n_pairs, a_row_div, N_OUT, N_ROWS, K, alpha, beta, beta_lin, limit, q_scale_ptr,
-                      pid_m, pid_n, pid_s, expert, A_SCALE, W_KIND, PACKED, EBITS, MBITS, BIAS, W_BLOCK_SCALE,
-                      HAS_EXPERT_SCALE, HAS_BIAS, GATED, INTERLEAVED, ACT, APPLY_ACT, HAS_LIMIT, BLOCK_M, BLOCK_N,
-                      BLOCK_K, INTERPRET_DOT, DOT_SCALED, DS_FMT, BITPLACE, MMA_STEPS, SPLIT_K, ROW_PAIRS, QUANT_NVFP4,
-                      NV_NORMAL, A_TMA, W_TMA, SERIAL_K, count_ptr, final_ptr, WARP_SPEC)
+                      pid_m, pid_n, pid_s, expert, pid_m * BLOCK_M, A_SCALE, W_KIND, PACKED, EBITS, MBITS, BIAS,
+                      W_BLOCK_SCALE, HAS_EXPERT_SCALE, HAS_BIAS, GATED, INTERLEAVED, ACT, APPLY_ACT, HAS_LIMIT, BLOCK_M,
+                      BLOCK_N, BLOCK_K, INTERPRET_DOT, DOT_SCALED, DS_FMT, BITPLACE, MMA_STEPS, SPLIT_K, ROW_PAIRS,
+                      QUANT_NVFP4, NV_NORMAL, A_TMA, W_TMA, SERIAL_K, count_ptr, final_ptr, WARP_SPEC)
 
 
 @_device
 def _moe_tile(a_ptr, a_scale_ptr, w_ptr, ws_ptr, w_block_scale_ptr, expert_scale_ptr, bias_ptr, out_ptr,
               sorted_rows_ptr, n_pairs, a_row_div, N_OUT, N_ROWS, K, alpha, beta, beta_lin, limit, q_scale_ptr,
-              pid_m, pid_n, pid_s, expert,
+              pid_m, pid_n, pid_s, expert, row0,
               A_SCALE: tl.constexpr, W_KIND: tl.constexpr, PACKED: tl.constexpr, EBITS: tl.constexpr,
               MBITS: tl.constexpr, BIAS: tl.constexpr, W_BLOCK_SCALE: tl.constexpr, HAS_EXPERT_SCALE: tl.constexpr,
               HAS_BIAS: tl.constexpr, GATED: tl.constexpr, INTERLEAVED: tl.constexpr, ACT: tl.constexpr,
@@ -850,8 +866,9 @@ def _moe_tile(a_ptr, a_scale_ptr, w_ptr, ws_ptr, w_block_scale_ptr, expert_scale
               BITPLACE: tl.constexpr, MMA_STEPS: tl.constexpr, SPLIT_K: tl.constexpr, ROW_PAIRS: tl.constexpr,
               QUANT_NVFP4: tl.constexpr, NV_NORMAL: tl.constexpr, A_TMA: tl.constexpr, W_TMA: tl.constexpr,
               SERIAL_K: tl.constexpr, count_ptr, final_ptr, WARP_SPEC: tl.constexpr):
-    """moe_gemm_kernel's tile (pid_m, pid_n) of row block pid_m (its expert `expert`, at least 0), K range pid_s."""
-    pair = tl.load(sorted_rows_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    """moe_gemm_kernel's tile (pid_m, pid_n) of row block pid_m (its expert `expert`, at least 0; its rows the
+    BLOCK_M slots of sorted_rows from row0), K range pid_s."""
+    pair = tl.load(sorted_rows_ptr + row0 + tl.arange(0, BLOCK_M))
     m_mask = pair < n_pairs
     a_row = (pair // a_row_div).to(tl.int64)
     n_offs = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -885,7 +902,7 @@ def _moe_tile(a_ptr, a_scale_ptr, w_ptr, ws_ptr, w_block_scale_ptr, expert_scale
                 k_offs = ci * 128 + qh * 32 * QW + tl.arange(0, 32 * QW)
                 # bf16 straight into the dot when compiled (a load the pipeliner streams into shared memory)
                 if A_TMA:
-                    a = a_ptr.load([pid_m * BLOCK_M, ci * 128 + qh * 32 * QW])
+                    a = a_ptr.load([row0, ci * 128 + qh * 32 * QW])
                 else:
                     a = tl.load(a_ptr + a_row[:, None] * K + k_offs[None, :],
                                 mask=m_mask[:, None] & (k_offs < K)[None, :], other=0.0)
@@ -903,7 +920,7 @@ def _moe_tile(a_ptr, a_scale_ptr, w_ptr, ws_ptr, w_block_scale_ptr, expert_scale
     elif W_TMA:
         tl.static_assert(W_KIND == 0 and A_SCALE != 2 and not W_BLOCK_SCALE and not DOT_SCALED,
                          "TMA weights: bf16, no per-step scales")
-        acc_g, acc_u = _k_loop_tma(a_ptr, w_ptr, expert, pid_m * BLOCK_M, a_row, m_mask, pid_n * BLOCK_N, N_OUT,
+        acc_g, acc_u = _k_loop_tma(a_ptr, w_ptr, expert, row0, a_row, m_mask, pid_n * BLOCK_N, N_OUT,
                                    N_ROWS, K, GATED, INTERLEAVED, A_TMA, BLOCK_M, BLOCK_N, BLOCK_K, INTERPRET_DOT,
                                    WARP_SPEC)
     else:
