@@ -509,7 +509,7 @@ def test_the_warp_specialized_bf16_loop_gives_the_same_bits():
             ("triton_emulation", "bf16", dict(block_m=32, tail_m=16, tma=1, inline_tails=1), "inline_tails takes")):
         with pytest.raises(ValueError, match=match):
             _small_prefill_forward(kernel, scheme, tiles)
-    # a table row's warp_spec_if_fits: warp_spec where both GEMMs compile with it, else the 8-warp loop
+    # a table row's warp_spec_if_fits: warp_spec where both GEMMs compile with it, else the tuned 8-warp row (tma 2)
     from types import SimpleNamespace
 
     from harness.backends.triton_emulation import TritonEmulationBackend
@@ -524,7 +524,8 @@ def test_the_warp_specialized_bf16_loop_gives_the_same_bits():
                                                         activation=act, scheme=SimpleNamespace(weight=weight)))
         tiles = TritonEmulationBackend().resolve_tiles({**row, "tail_m": tail_m}, prepared, 4096, "cpu")
         assert "warp_spec_if_fits" not in tiles
-        assert (tiles.get("warp_spec"), tiles["num_warps"]) == ((1, 4) if want else (None, 8)), (hidden, tiles)
+        assert (tiles.get("warp_spec"), tiles["num_warps"], tiles["tma"]) == ((1, 4, 1) if want else (None, 8, 2)), \
+            (hidden, tiles)
 
 
 def test_a_persistent_grid_gives_the_same_bits(monkeypatch):

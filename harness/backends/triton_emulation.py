@@ -285,15 +285,17 @@ class TritonEmulationBackend:
             if fit:
                 tiles["tail_m"] = fit_tail_m(p / ckpt.num_experts, tiles["block_m"])
         if "warp_spec_if_fits" in tiles:  # warp_spec where both GEMMs of this model compile with it (_check_warp_spec:
-            # bf16 weights, TMA strides, no tails, row pairs of whole boxes), else the 8-warp loop
+            # bf16 weights, TMA strides, 128-row tiles and tails, the plain grid, row pairs of whole boxes), else the
+            # tuned unspecialized row (twice the warps, the weights alone by TMA)
             want = tiles["warp_spec_if_fits"]
             tiles = {k: v for k, v in tiles.items() if k != "warp_spec_if_fits"}
             act = ckpt.activation
             pairs = act.gated and act.interleaved
             fits = (want and ckpt.scheme.weight is None and ckpt.hidden_size % 8 == 0
-                    and ckpt.intermediate_size % 8 == 0 and not tiles.get("tail_m")
+                    and ckpt.intermediate_size % 8 == 0 and tiles.get("tma") == 1 and tiles["block_m"] >= 128
+                    and (tiles.get("tail_m") or 128) >= 128 and not tiles.get("persistent")
                     and not (pairs and ckpt.hidden_size % tiles["block_k"]))
-            tiles = {**tiles, "warp_spec": 1} if fits else {**tiles, "num_warps": 2 * tiles["num_warps"]}
+            tiles = {**tiles, "warp_spec": 1} if fits else {**tiles, "num_warps": 2 * tiles["num_warps"], "tma": 2}
         if K.INTERPRET and tiles.get("pdl"):  # no griddepcontrol in the interpreter; dependents change timing only
             tiles = {**tiles, "pdl": 0}
         return tiles
@@ -783,15 +785,13 @@ def _check_warp_spec(tiles: dict, w_tma: bool, bitplace: bool, wq, pairs: bool, 
 def use_device_tensor_descriptors() -> None:
     """Triton's global scratch allocator, from torch's caching allocator on the launch's device (inside a CUDA graph
     capture, its private pool), for the TMA descriptors a kernel makes on the device (tl.make_tensor_descriptor: 128
-    bytes a program). Set once; Triton keeps one allocator for the process."""
-    global _ALLOCATOR_SET
-    if _ALLOCATOR_SET or K.INTERPRET:
-        return
-    triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
-    _ALLOCATOR_SET = True
+    bytes a program). Set before every such launch: Triton 3.9 keeps the allocator per thread and context."""
+    if not K.INTERPRET:
+        triton.set_allocator(_torch_scratch)
 
 
-_ALLOCATOR_SET = False
+def _torch_scratch(size: int, alignment: int, stream):
+    return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
 def multiprocessors(dev) -> int:

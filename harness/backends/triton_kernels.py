@@ -799,6 +799,7 @@ def moe_gemm_kernel(
     _epilogue into final_ptr (the same bits) and sets the count back to zero. One launch fewer at decode."""
     if PERSISTENT:  # the used blocks' tiles in turn, the next tile's first loads overlapping this one's last steps
         tl.static_assert(SPLIT_K == 1, "a persistent grid stores finished tiles, not split-K partial sums")
+        tl.static_assert(not WARP_SPEC and not TAIL_M, "a persistent grid: no device descriptors, no short blocks")
         n_blocks_m = tl.load(used_blocks_ptr)
         n_blocks_n = tl.cdiv(N_OUT, BLOCK_N)
         for tile in tl.range(tl.program_id(0), n_blocks_m * n_blocks_n, tl.num_programs(0), flatten=True):
@@ -834,8 +835,8 @@ def moe_gemm_kernel(
                 return
             used: tl.constexpr = True
         if TAIL_M:  # a short block (an expert's last rows) at TAIL_M rows, the rest at BLOCK_M
-            tl.static_assert(BLOCK_M == 2 * TAIL_M and not PERSISTENT and not A_TMA and not WARP_SPEC,
-                             "short blocks: BLOCK_M = 2 TAIL_M, the plain grid, activations by pointers")
+            tl.static_assert(BLOCK_M == 2 * TAIL_M and not A_TMA and not WARP_SPEC,
+                             "short blocks: BLOCK_M = 2 TAIL_M, activations by pointers, no warp specialization")
             if tl.load(block_short_ptr + pid_m) != 0:
                 _moe_tile(a_ptr, a_scale_ptr, w_ptr, ws_ptr, w_block_scale_ptr, expert_scale_ptr, bias_ptr, out_ptr,
                           sorted_rows_ptr, n_pairs, a_row_div, N_OUT, N_ROWS, K, alpha, beta, beta_lin, limit,
