@@ -1,5 +1,6 @@
 """Run every Triton kernel of triton_emulation once per weight kind and activation family, small
-shapes, for compute-sanitizer (GPU only); the routing runs in moe_align_kernel (under 1024 pairs), and
+shapes, for compute-sanitizer (GPU only); the routing runs in moe_align_kernel (under 1024 pairs) and in
+align_layouts' three kernels (above), and
 triton_bitplace's split-K partial sums and their epilogue kernel run once:
 
     compute-sanitizer --tool memcheck  python3 tools/sanitize_kernels.py
@@ -133,7 +134,7 @@ def main() -> int:
                                  (TritonEmulationBackend().configure(**_PREFILL_BF16_TMA), "bf16", "SILU"),
                                  # the loop warp-specialized by Triton (warp_spec: producer and two consumer
                                  # warpgroups, descriptors made on the device), gate and up rows in halves
-                                 (TritonEmulationBackend().configure(**{**_PREFILL_BF16_TMA, "num_warps": 4},
+                                 (TritonEmulationBackend().configure(**{**_PREFILL_BF16_TMA, "num_warps": 4, "num_stages": 2},
                                                                      warp_spec=1), "bf16", "SILU"),
                                  (_bitplace().configure(**_PREFILL_FP4_TMA), "w_mxfp4", "SWIGLUOAI"),
                                  (_bitplace().configure(**_PREFILL_FP4_TMA), "w_nvfp4_a_nvfp4", "SILU"),
@@ -157,7 +158,7 @@ def main() -> int:
         print(backend.name, scheme, act, "K tail", tuple(out.shape), bool(torch.isfinite(out).all()))
     # warp_spec with interleaved gate and up rows (read as row pairs: K a multiple of block_k)
     pairs = Shape(num_experts=4, hidden_size=192, intermediate_size=160, tokens=7, top_k=2)
-    backend = TritonEmulationBackend().configure(**{**_PREFILL_BF16_TMA, "num_warps": 4}, warp_spec=1)
+    backend = TritonEmulationBackend().configure(**{**_PREFILL_BF16_TMA, "num_warps": 4, "num_stages": 2}, warp_spec=1)
     ckpt = make_checkpoint("bf16", "SWIGLUOAI", pairs.num_experts, pairs.hidden_size, pairs.intermediate_size, seed=1,
                            with_bias=True)
     x, w, ids = case_inputs(pairs, 1)
@@ -198,6 +199,15 @@ def main() -> int:
                   bool(torch.isfinite(out).all()))
     finally:
         triton_emulation.multiprocessors = real_multiprocessors
+    # the routing at prefill (align_layouts' three launches): plain blocks, big and tail blocks, short blocks inline,
+    # over chunk boundaries and idle experts
+    from harness.backends.triton_emulation import align_layouts
+
+    ids = torch.randint(0, 300, (1500, 8), generator=torch.Generator().manual_seed(3)).cuda()
+    for block_m, tail_m, inline in ((128, 0, False), (128, 32, False), (128, 64, True)):
+        layouts = align_layouts(ids, 384, block_m, tail_m, inline)
+        torch.cuda.synchronize()
+        print("align_layouts", block_m, tail_m, inline, [int((layout[1] >= 0).sum()) for layout in layouts])
     x = torch.randn(33, 128, device="cuda")
     b.quantize_mx(x, E2M1, ScaleMode.RCEIL)
     b.quantize_nvfp4(x, torch.tensor(0.01))

@@ -33,14 +33,15 @@ DECODE = [dict(block_m=16, block_n=n, block_k=k, num_warps=w, num_stages=s)
 # expert's rows padded to that many, not block_m, its last rows in a second launch of tail_m-row blocks (0: one launch);
 # persistent: that many programs a multiprocessor, each computing tiles in turn (moe_gemm_kernel's PERSISTENT; 0 the
 # plain grid); w2_block_n: GEMM2's N tile where it differs (0: block_n); warp_spec: the bf16 TMA loop warp-specialized
-# by Triton (a producer warpgroup, num_warps 4 doubled into two consumer warpgroups; tma 1, 128-row tiles, no tails);
+# by Triton (a producer warpgroup and consumer warpgroups; tma 1, 128-row tiles, no tails; at 4 warps 2 stages at most:
+# more gave wrong outputs on the H200, results/gpu-issue28/run-24);
 # inline_tails: the tail blocks in the GEMM's one launch at tail_m rows (tail_m = block_m / 2; not tma 1)
 PREFILL = [dict(block_m=m, block_n=n, block_k=k, num_warps=w, num_stages=s, group_m=g, tma=t, tail_m=tm, persistent=p,
                 w2_block_n=n2, warp_spec=ws, inline_tails=it)
            for m, n, k, w, s, g, t, tm, p, n2, ws, it in itertools.product(
-               (64, 128), (64, 128), (64,), (4, 8), (3, 4), (0, 4, 8, 16), (0, 1, 2), (0, 32, 64), (0, 1, 2), (0, 256),
-               (0, 1), (0, 1))
-           if tm < m and not (ws and (t != 1 or m < 128 or tm or w != 4 or p))
+               (64, 128), (64, 128), (64,), (4, 8), (2, 3, 4), (0, 4, 8, 16), (0, 1, 2), (0, 32, 64), (0, 1, 2),
+               (0, 256), (0, 1), (0, 1))
+           if tm < m and not (ws and (t != 1 or m < 128 or tm or p or (w == 4 and s > 2)))
            and not (it and (2 * tm != m or t == 1 or p))]
 # triton_bitplace: one 128-value chunk per K step and one warpgroup (its tiles' layout is the wgmma operand's);
 # mma_steps 2 with maxnreg 96 compiles to 96 registers (5 programs per SM instead of 4, no spill in the loop);

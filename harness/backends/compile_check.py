@@ -37,7 +37,7 @@ SM90 = ("cuda", 90, 32)
 # the kernels the backends launch (suites/test_triton_helpers.py checks every `K.<name>[grid]` site is here)
 LAUNCHED_KERNELS = ("moe_gemm_kernel", "moe_align_kernel", "mx_quantize_kernel", "nvfp4_quantize_kernel",
                     "fp8_quantize_kernel", "splitk_epilogue_kernel", "splitk_topk_reduce_kernel", "topk_reduce_kernel",
-                    "bitplace_partials_kernel")
+                    "bitplace_partials_kernel", "align_count_kernel", "align_layout_kernel", "align_scatter_kernel")
 _DTYPES = {torch.bfloat16: "bf16", torch.float32: "fp32", torch.uint8: "u8", torch.int32: "i32", torch.int64: "i64",
            torch.float16: "fp16", torch.int8: "i8", torch.int16: "i16"}
 _OPTIONS = ("num_warps", "num_stages", "maxnreg", "launch_pdl", "enable_fp_fusion")
@@ -62,7 +62,8 @@ class LaunchLog:
 
 
 def record_launches(backend, ckpt, x, w, ids) -> _Recorded:
-    """The forward's kernel launches, none executed (their outputs stay as allocated)."""
+    """The forward's kernel launches, none executed (their outputs stay as allocated; align_layouts' arrays, which
+    host ops index by, come from align_layouts_torch)."""
     from harness.backends import triton_kernels as K
     import triton
 
@@ -79,13 +80,22 @@ def record_launches(backend, ckpt, x, w, ids) -> _Recorded:
         def __getitem__(self, grid):
             return lambda *args, **kwargs: launches.append((self.name, self.fn, args, kwargs))
 
+    from harness.backends import triton_emulation
+
+    def align_layouts(*args, **kwargs):  # its launches recorded; the arrays later host ops index by, from torch
+        real_align_layouts(*args, **kwargs)
+        return triton_emulation.align_layouts_torch(*args, **kwargs)
+
+    real_align_layouts = triton_emulation.align_layouts
     try:
         for name, fn in kernels.items():
             setattr(K, name, _Recorder(name, fn))
+        triton_emulation.align_layouts = align_layouts
         backend.forward(backend.prepare(ckpt), x, w, ids)
     finally:
         for name, fn in kernels.items():
             setattr(K, name, fn)
+        triton_emulation.align_layouts = real_align_layouts
     return launches
 
 

@@ -64,12 +64,15 @@ SERIAL_K = os.environ.get("MOE_CONFORMANCE_SERIAL_K", "0") == "1"
 # rows, which races when compiled (wrong outputs at 3 stages, run-17 to run-23; refused, _gemm). The tail by the mean
 # rows an expert
 # (fit_tail_m: 32 for gpt-oss-120b's 256, 4246 -> 4143 us in run-19; 64 for Kimi-K2's 171, where 32 was 15957 -> 17210
-# us). Not taken (results/gpu-issue28/run-19, run-20/wide): 2 or 4 stages, mma_steps 2, 128 weight rows a program on two warpgroups (8 warps: Kimi-K2
+# us); a 64-row tail in the GEMM's one launch (inline_tails, where the fit is half a block: Kimi-K2 16122 -> 15895 us,
+# results/gpu-issue28/run-23 PART=inline; gpt-oss-120b's 32-row tails stay a second launch, 4129 us against 4224 us
+# inline at 64). Not taken (results/gpu-issue28/run-19, run-20/wide): 2 or 4 stages, mma_steps 2, 128 weight rows a program on two warpgroups (8 warps: Kimi-K2
 # 15451 -> 15175 us, gpt-oss-120b 4135 -> 4441), a persistent grid (2x slower). (max pairs, weight kinds or None, tiles).
 BITPLACE_TILES = (
     (1024, None, dict(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=3, split_k_programs=512)),
     (1 << 62, (NVFP4,), dict(block_m=64, block_n=64, block_k=128, num_warps=4, num_stages=3, group_m=8)),
-    (1 << 62, None, dict(block_m=128, block_n=64, block_k=128, num_warps=4, num_stages=3, group_m=8, fit_tail_m=1)),
+    (1 << 62, None, dict(block_m=128, block_n=64, block_k=128, num_warps=4, num_stages=3, group_m=8, fit_tail_m=1,
+                         inline_tails=1)),
 )
 
 

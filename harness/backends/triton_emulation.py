@@ -104,11 +104,12 @@ TILE_KEYS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "w2_blo
 # bf16 weights only, the activations by pointers, no copy), tail_m (each expert's rows padded to tail_m, not block_m: the
 # blocks of block_m rows in one launch, the tail blocks left, tail_m rows each, in a second one; split_tail_blocks;
 # prefill only, not with split-K; a table row may give fit_tail_m 1 instead: tail_m then is fit_tail_m's choice for the
-# mean rows an expert of the call), serial_k (moe_gemm_kernel with split_k: 1 finishes each tile in the GEMM's own
+# mean rows an expert of the call, and the row's inline_tails holds only where that choice is half a block), serial_k (moe_gemm_kernel with split_k: 1 finishes each tile in the GEMM's own
 # launch, its last split adding the partial sums in order and running the epilogue, SERIAL_K, where
 # splitk_epilogue_kernel would run: one launch fewer; GEMM2's top-k sum stays its own launch), warp_spec (the bf16 TMA
 # loop with tma 1 and 128-row tiles warp-specialized by Triton's sm90 pass: a producer warpgroup, and num_warps warps
-# doubled into two consumer warpgroups; _check_warp_spec). A table row may give warp_spec_if_fits 1 instead (warp_spec
+# doubled into two consumer warpgroups; _check_warp_spec; 2: the same device descriptors and row pairs, unspecialized,
+# the bisect of results/gpu-issue28/run-24). A table row may give warp_spec_if_fits 1 instead (warp_spec
 # where the model's sizes allow it, else twice the warps unspecialized), inline_tails (with tail_m = block_m / 2: 1
 # runs the tail blocks in the GEMM's one launch, each right after its expert's full blocks, at tail_m rows; the
 # kernel's TAIL_M; not with tma 1, warp_spec or a persistent grid), and
@@ -124,16 +125,17 @@ TILE_KEYS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "w2_blo
 # both: gpt-oss-120b 4060 -> 3821 us, Kimi-K2 16280 -> 16551 us, and no gathered copy of the activations: 1.6 GB at
 # Kimi-K2's 8192 tokens), run-19 (GEMM2 at 256 columns, w2_block_n: Kimi-K2 16236 -> 15387 us, gpt-oss-120b even;
 # make bench 48.2 -> 51.3% / 44.0 -> 46.5%) and its second sweep (4 stages with it: gpt-oss-120b 3710 -> 3581 us,
-# Kimi-K2 even).
+# Kimi-K2 even), run-23's PART=inline (tail_m 64, the tail blocks in the same launch: gpt-oss-120b 3575 -> 3540 us,
+# its 256 rows an expert leave no tails; Kimi-K2 15983 -> 14414 us, where two launches were 18197 us).
 # The bf16 prefill row warp-specialized by Triton (warp_spec: both operands by TMA, a producer warpgroup and two
 # consumer warpgroups of 4 warps, in place of 8 warps with the activations by pointers), where a model's sizes allow it
 # (warp_spec_if_fits, resolve_tiles); compiled for sm90 by Triton 3.6 and 3.9, not yet timed
 # (results/gpu-issue28/run-23). MOE_CONFORMANCE_BF16_WARP_SPEC=1 makes it the table's row for the A/B.
 BF16_PREFILL_WARP_SPEC = os.environ.get("MOE_CONFORMANCE_BF16_WARP_SPEC", "0") == "1"
-_BF16_PREFILL = (dict(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=4, group_m=8, tma=1,
+_BF16_PREFILL = (dict(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=2, group_m=8, tma=1,
                       warp_spec_if_fits=1, w2_block_n=256) if BF16_PREFILL_WARP_SPEC else
                  dict(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4, group_m=8, tma=2,
-                      w2_block_n=256))
+                      w2_block_n=256, tail_m=64, inline_tails=1))
 TILE_TABLE = (
     (1024, (None,), dict(block_m=16, block_n=32, block_k=128, num_warps=4, num_stages=4)),  # bf16 weights
     (1024, None, dict(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=3)),
@@ -211,6 +213,64 @@ def inline_tail_blocks(sorted_rows: torch.Tensor, block_expert: torch.Tensor, ta
     return rows.to(torch.int32), torch.where(used, e, -1).to(torch.int32), is_short.to(torch.int32)
 
 
+ALIGN_CHUNK = 256  # pairs a program of align_count_kernel and align_scatter_kernel
+# MOE_CONFORMANCE_PREFILL_ALIGN_TORCH=1: the prefill routing in torch ops again (align_layouts_torch), for an A/B
+PREFILL_ALIGN_TORCH = os.environ.get("MOE_CONFORMANCE_PREFILL_ALIGN_TORCH", "0") == "1"
+
+
+def align_layouts(topk_ids: torch.Tensor, num_experts: int, block_m: int, tail_m: int = 0, inline: bool = False):
+    """The routing glue at any number of pairs in three launches (align_count_kernel, align_layout_kernel,
+    align_scatter_kernel), where _align_torch and split_tail_blocks / inline_tail_blocks take some ninety torch
+    launches (~230 us of kernels before the first GEMM at 8192 tokens on the H200, results/gpu-issue28/run-24): the
+    (sorted_rows, block_expert, short) of each launch of a GEMM, the same arrays as theirs bit for bit, same sizes.
+    tail_m 0: _align_torch's blocks of block_m rows (short None); tail_m, not inline: split_tail_blocks' big blocks
+    and its tail blocks (two layouts); inline (block_m = 2 tail_m): inline_tail_blocks', whose rows are the
+    block_m layout's (an expert's short block holds its last pairs, at most tail_m, then padding)."""
+    flat = topk_ids.reshape(-1)
+    if not flat.is_contiguous():
+        flat = flat.contiguous()
+    p = flat.numel()
+    dev = flat.device
+    block_e = triton.next_power_of_2(num_experts)
+    n_chunks = triton_cdiv(p, ALIGN_CHUNK)
+    mode = 2 if tail_m and inline else 1 if tail_m else 0
+    n_small = triton_cdiv(p, tail_m) + min(num_experts, p) if tail_m else 0
+    big_blocks = (n_small // 2 + min(num_experts, n_small) if mode == 2 else n_small // (block_m // tail_m)
+                  if mode == 1 else triton_cdiv(p, block_m) + min(num_experts, p))
+    tail_blocks = min(n_small, (block_m // tail_m - 1) * num_experts) if mode == 1 else 0
+    i32 = dict(dtype=torch.int32, device=dev)
+    chunk_counts = torch.empty(n_chunks, block_e, **i32)
+    chunk_base = torch.empty(n_chunks, block_e, **i32)
+    expert = torch.empty(3, block_e, **i32)
+    rows_big, experts_big = torch.empty(big_blocks * block_m, **i32), torch.empty(big_blocks, **i32)
+    rows_tail, experts_tail = torch.empty(tail_blocks * tail_m, **i32), torch.empty(tail_blocks, **i32)
+    short = torch.empty(big_blocks if mode == 2 else 0, **i32)
+    consts = dict(BLOCK_M=block_m, TAIL_M=tail_m or block_m, MODE=mode, BLOCK_E=block_e)
+    K.align_count_kernel[(n_chunks,)](flat, chunk_counts, p, BLOCK_E=block_e, CHUNK=ALIGN_CHUNK, num_warps=4)
+    K.align_layout_kernel[(1,)](chunk_counts, chunk_base, expert, rows_big, experts_big, rows_tail, experts_tail,
+                                short, n_chunks, p, num_experts, big_blocks, tail_blocks, FILL=1024, SCAN=16, num_warps=8,
+                                **consts)
+    K.align_scatter_kernel[(n_chunks,)](flat, chunk_base, expert, rows_big, rows_tail, p, CHUNK=ALIGN_CHUNK, STEP=32,
+                                        num_warps=4, **consts)
+    if mode == 1:
+        return [(rows_big, experts_big, None), (rows_tail, experts_tail, None)]
+    return [(rows_big, experts_big, short if mode == 2 else None)]
+
+
+def align_layouts_torch(topk_ids: torch.Tensor, num_experts: int, block_m: int, tail_m: int = 0,
+                        inline: bool = False):
+    """align_layouts in torch ops (_align_torch, then split_tail_blocks or inline_tail_blocks): its oracle in
+    suites/test_triton_helpers.py, and its stand-in where launches are recorded, not run (compile_check)."""
+    p = topk_ids.numel()
+    rows, block_expert = TritonEmulationBackend._align_torch(topk_ids, num_experts, tail_m or block_m)
+    if not tail_m:
+        return [(rows, block_expert, None)]
+    if inline:
+        return [inline_tail_blocks(rows, block_expert, tail_m, num_experts, p)]
+    big, tail = split_tail_blocks(rows, block_expert, tail_m, block_m, num_experts, p)
+    return [(*big, None), (*tail, None)]
+
+
 TAIL_M_CHOICES = (32, 64)
 
 
@@ -284,6 +344,8 @@ class TritonEmulationBackend:
             tiles = {k: v for k, v in tiles.items() if k != "fit_tail_m"}
             if fit:
                 tiles["tail_m"] = fit_tail_m(p / ckpt.num_experts, tiles["block_m"])
+            if tiles.get("inline_tails") and tiles.get("tail_m") != tiles["block_m"] // 2:
+                tiles["inline_tails"] = 0  # a row's inline_tails holds where the fitted tail is half a block
         if "warp_spec_if_fits" in tiles:  # warp_spec where both GEMMs of this model compile with it (_check_warp_spec:
             # bf16 weights, TMA strides, 128-row tiles and tails, the plain grid, row pairs of whole boxes), else the
             # tuned unspecialized row (twice the warps, the weights alone by TMA)
@@ -364,10 +426,7 @@ class TritonEmulationBackend:
         fold_nvfp4 = self.fold_epilogues and aq is not None and aq.kind is NVFP4
         a1 = torch.empty(t, h, dtype=torch.bfloat16, device=dev) if fold_nvfp4 and p <= FUSED_ALIGN_MAX_PAIRS else None
         tail_m = tiles.get("tail_m") or 0
-        sorted_rows, block_expert = self._align(topk_ids, ckpt.num_experts, tail_m or tiles["block_m"],
-                                                nvfp4=None if a1 is None else (x.contiguous(), prepared.a1_scale, a1),
-                                                pdl=bool(tiles.get("pdl")))
-        # (sorted rows, block experts, tiles) of each launch of a GEMM: one, or the big blocks then the tails
+        inline = bool(tail_m and tiles.get("inline_tails"))
         if tail_m:
             if tail_m >= tiles["block_m"] or tiles["block_m"] % tail_m or tail_m < 16:
                 raise ValueError(f"tail_m must be at least 16, below block_m and divide it; got tail_m {tail_m}, "
@@ -375,18 +434,29 @@ class TritonEmulationBackend:
             if tiles.get("warp_spec") and tail_m < 128:  # (_check_warp_spec's rule, before the first launch)
                 raise ValueError(f"warp_spec splits a tile's rows between two consumer warpgroups of 64-row MMAs: "
                                  f"tail_m (and block_m) at least 128, got tail_m {tail_m}")
-            if tiles.get("inline_tails"):  # one launch: each expert's short block after its full ones
-                if tiles["block_m"] != 2 * tail_m or tiles.get("tma") == 1 or tiles.get("warp_spec") or \
-                        tiles.get("persistent"):
-                    raise ValueError(f"inline_tails takes tail_m = block_m / 2 (got tail_m {tail_m}, block_m "
-                                     f"{tiles['block_m']}), activations by pointers (not tma 1), neither warp_spec nor "
-                                     "a persistent grid")
-                launches = [inline_tail_blocks(sorted_rows, block_expert, tail_m, ckpt.num_experts, p) + (tiles,)]
-            else:
-                big, tail = split_tail_blocks(sorted_rows, block_expert, tail_m, tiles["block_m"], ckpt.num_experts, p)
-                launches = [(*big, None, tiles), (*tail, None, {**tiles, "block_m": tail_m})]
+            if inline and (tiles["block_m"] != 2 * tail_m or tiles.get("tma") == 1 or tiles.get("warp_spec") or
+                           tiles.get("persistent")):
+                raise ValueError(f"inline_tails takes tail_m = block_m / 2 (got tail_m {tail_m}, block_m "
+                                 f"{tiles['block_m']}), activations by pointers (not tma 1), neither warp_spec nor "
+                                 "a persistent grid")
+        # (sorted rows, block experts, short flags, tiles) of each launch of a GEMM: one, or the big blocks then the
+        # tails (tail_m), or the short blocks inline
+        if p > FUSED_ALIGN_MAX_PAIRS:  # prefill: three launches lay the blocks out (align_layouts)
+            layouts = (align_layouts_torch if PREFILL_ALIGN_TORCH else align_layouts)(
+                topk_ids, ckpt.num_experts, tiles["block_m"], tail_m, inline)
         else:
-            launches = [(sorted_rows, block_expert, None, tiles)]
+            sorted_rows, block_expert = self._align(topk_ids, ckpt.num_experts, tail_m or tiles["block_m"],
+                                                    nvfp4=None if a1 is None else (x.contiguous(),
+                                                                                   prepared.a1_scale, a1),
+                                                    pdl=bool(tiles.get("pdl")))
+            if tail_m and inline:  # one launch: each expert's short block after its full ones
+                layouts = [inline_tail_blocks(sorted_rows, block_expert, tail_m, ckpt.num_experts, p)]
+            elif tail_m:
+                big, tail = split_tail_blocks(sorted_rows, block_expert, tail_m, tiles["block_m"], ckpt.num_experts, p)
+                layouts = [(*big, None), (*tail, None)]
+            else:
+                layouts = [(sorted_rows, block_expert, None)]
+        launches = [(*layout, tiles if i == 0 else {**tiles, "block_m": tail_m}) for i, layout in enumerate(layouts)]
         if a1 is None:
             a1, a1_mode, a1_scale = self._quantize_activation(x, prepared.a1_scale, aq, fp8_fmt)
         else:
@@ -537,7 +607,7 @@ class TritonEmulationBackend:
             if nvfp4 is not None:
                 raise ValueError(f"the NVFP4 quantization rides on the one-program routing: at most "
                                  f"{FUSED_ALIGN_MAX_PAIRS} pairs, got {p}")
-            return self._align_torch(topk_ids, num_experts, bm)
+            return align_layouts(topk_ids, num_experts, bm)[0][:2]
         dev = flat.device
         max_blocks = triton_cdiv(p, bm) + min(num_experts, p)
         sorted_rows = torch.empty(max_blocks * bm, dtype=torch.int32, device=dev)
@@ -651,7 +721,7 @@ class TritonEmulationBackend:
             if w_tma and warp_spec:  # the kernel makes both descriptors (_k_loop_tma's WARP_SPEC)
                 use_device_tensor_descriptors()
                 pairs = gated and act.interleaved  # row pairs: gate row n's K values, then up row n's, one row of 2 K
-                launch_options.update(W_TMA=True, WARP_SPEC=True, a_desc_rows=gathered.shape[0],
+                launch_options.update(W_TMA=True, WARP_SPEC=int(tiles["warp_spec"]), a_desc_rows=gathered.shape[0],
                                       w_desc_rows=w.numel() // (2 * k_dim if pairs else k_dim))
             elif w_tma:
                 rows = 2 * block_n if gated and act.interleaved else block_n
@@ -772,6 +842,13 @@ def _check_warp_spec(tiles: dict, w_tma: bool, bitplace: bool, wq, pairs: bool, 
         raise ValueError(f"warp_spec (the K loop warp-specialized by Triton) takes the bf16 TMA loop with both "
                          f"operands by TMA: bf16 weights, tma 1, K a multiple of 8; got tma {tiles.get('tma')}, K "
                          f"{k_dim} for a {kind} GEMM")
+    if tiles["warp_spec"] == 1 and tiles["num_warps"] == 4 and tiles["num_stages"] > 2:
+        # compiled by Triton 3.6 for the H200 this gave wrong outputs (NaN on Kimi-K2's halves) at 3 and 4 stages and
+        # none at 2 stages or 8 warps, while warp_spec 2 (the same descriptors unspecialized) ran bit for bit
+        # (results/gpu-issue28/run-24): a fault of the pass's buffering, not of the kernel's logic
+        raise ValueError(f"warp_spec 1 at 4 warps takes num_stages <= 2, got {tiles['num_stages']}: Triton 3.6's "
+                         "warp-specialized pipeline gave wrong outputs at 3 and 4 stages on the H200 "
+                         "(results/gpu-issue28/run-24)")
     if tiles.get("persistent"):
         raise ValueError(f"warp_spec takes the plain grid (one tile a program), got persistent {tiles['persistent']}")
     if tiles["block_m"] < 128:

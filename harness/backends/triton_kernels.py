@@ -705,8 +705,9 @@ def _k_loop_tma(a_desc, w_desc, expert, a_row0, a_row, m_mask, n0, N_OUT, N_ROWS
     up rows interleaved (2n, 2n + 1): one [2 BLOCK_N, BLOCK_K] box and one MMA a step, the accumulator's even and odd
     columns split after the loop; each output element is the same K reduction of the same products as _k_loop's two
     MMAs.
-    WARP_SPEC: the K loop warp-specialized by Triton (sm90: a producer warpgroup issuing the TMA loads, two consumer
-    warpgroups splitting the tile's rows). Its partitioning cannot split the one-box path's reshape of the
+    WARP_SPEC: 1 the K loop warp-specialized by Triton (sm90: a producer warpgroup issuing the TMA loads, two consumer
+    warpgroups splitting the tile's rows); 2 the same descriptors and row pairs unspecialized (the bisect of a
+    warp-specialized launch's wrong outputs). Its partitioning cannot split the one-box path's reshape of the
     accumulator, so interleaved gate and up rows are read as row pairs: w_desc over [E x N_OUT, 2 K] (row n: gate row
     n's K values, then up row n's), boxes [BLOCK_N, BLOCK_K] at columns k0 and K + k0 (K a multiple of BLOCK_K: no
     box straddles the two), two MMAs a step as for halves."""
@@ -722,7 +723,7 @@ def _k_loop_tma(a_desc, w_desc, expert, a_row0, a_row, m_mask, n0, N_OUT, N_ROWS
         up_col = 0
     if GATED and INTERLEAVED and not WARP_SPEC:
         acc = tl.zeros((BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)
-        for k0 in tl.range(0, K, BLOCK_K, warp_specialize=WARP_SPEC):
+        for k0 in tl.range(0, K, BLOCK_K, warp_specialize=WARP_SPEC == 1):
             a = _a_tile(a_desc, a_row0, a_row, m_mask, k0, K, A_TMA, BLOCK_K)
             w = w_desc.load([wrow + 2 * n0, k0])
             if INTERPRET_DOT:
@@ -731,7 +732,7 @@ def _k_loop_tma(a_desc, w_desc, expert, a_row0, a_row, m_mask, n0, N_OUT, N_ROWS
             acc += _dot(a, w, INTERPRET_DOT)
         acc_g, acc_u = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N, 2)))
     else:
-        for k0 in tl.range(0, K, BLOCK_K, warp_specialize=WARP_SPEC):
+        for k0 in tl.range(0, K, BLOCK_K, warp_specialize=WARP_SPEC == 1):
             a = _a_tile(a_desc, a_row0, a_row, m_mask, k0, K, A_TMA, BLOCK_K)
             wg = w_desc.load([wrow + n0, k0])
             if INTERPRET_DOT:
@@ -1129,6 +1130,112 @@ def moe_align_kernel(ids_ptr, start_ptr, sorted_rows_ptr, block_expert_ptr, n_pa
         rank += tl.sum(((idq[None, :] == ids[:, None]) & (q[None, :] < p[:, None])).to(tl.int32), 1)
     first = tl.load(start_ptr + ids, mask=pmask, other=0)
     tl.store(sorted_rows_ptr + first * BLOCK_M + rank, p, mask=pmask)
+
+
+@triton.jit
+def align_count_kernel(ids_ptr, chunk_counts_ptr, n_pairs, BLOCK_E: tl.constexpr, CHUNK: tl.constexpr):
+    """The routing glue at any number of pairs (prefill), step 1 of 3: the pairs of expert e in chunk c (CHUNK
+    pairs a program) into chunk_counts[c, e] (BLOCK_E columns)."""
+    c = tl.program_id(0)
+    p = c * CHUNK + tl.arange(0, CHUNK)
+    ids = tl.load(ids_ptr + p, mask=p < n_pairs, other=0).to(tl.int32)
+    tl.store(chunk_counts_ptr + c * BLOCK_E + tl.arange(0, BLOCK_E), tl.histogram(ids, BLOCK_E, mask=p < n_pairs))
+
+
+@triton.jit
+def align_layout_kernel(chunk_counts_ptr, chunk_base_ptr, expert_ptr, rows_big_ptr, experts_big_ptr, rows_tail_ptr,
+                        experts_tail_ptr, short_ptr, n_chunks, n_pairs, num_experts, big_blocks, tail_blocks,
+                        BLOCK_M: tl.constexpr, TAIL_M: tl.constexpr, MODE: tl.constexpr, BLOCK_E: tl.constexpr,
+                        FILL: tl.constexpr, SCAN: tl.constexpr):
+    """Step 2 of 3, one program: each chunk's first rank of each expert (chunk_base[c, e]: the pairs of e in the
+    chunks before c), the blocks' layout and every slot's sentinel n_pairs. An expert of n pairs gets, experts in
+    order, MODE 0 (plain) and 2 (inline_tails): ceil(n / BLOCK_M) blocks of BLOCK_M rows; MODE 1 (tail_m): of its
+    s = ceil(n / TAIL_M) small blocks, s // (BLOCK_M / TAIL_M) blocks of BLOCK_M rows in the first array and the
+    s % (BLOCK_M / TAIL_M) left in the second, TAIL_M rows each. experts_*: each block's expert, -1 past the used;
+    short (MODE 2): 1 for a block of at most TAIL_M pairs (an expert's last, computed at TAIL_M rows).
+    expert_ptr: scratch [3, BLOCK_E] (each expert's first big block, big blocks, first tail block). FILL slots a
+    step; SCAN chunks a step of the scan."""
+    e = tl.arange(0, BLOCK_E)
+    running = tl.zeros((BLOCK_E,), tl.int32)
+    for c0 in range(0, n_chunks, SCAN):  # SCAN chunks a step: a few dependent loads, not one a chunk
+        c = c0 + tl.arange(0, SCAN)
+        offs = c[:, None] * BLOCK_E + e[None, :]
+        counts = tl.load(chunk_counts_ptr + offs, mask=(c < n_chunks)[:, None], other=0)
+        tl.store(chunk_base_ptr + offs, running[None, :] + tl.cumsum(counts, 0) - counts, mask=(c < n_chunks)[:, None])
+        running += tl.sum(counts, 0)
+    RATIO: tl.constexpr = BLOCK_M // TAIL_M
+    if MODE == 1:
+        small = (running + TAIL_M - 1) // TAIL_M
+        big = small // RATIO
+        tail = small % RATIO
+    else:
+        big = (running + BLOCK_M - 1) // BLOCK_M
+        tail = tl.zeros((BLOCK_E,), tl.int32)
+    big_end = tl.cumsum(big, 0)
+    tail_end = tl.cumsum(tail, 0)
+    tl.store(expert_ptr + e, big_end - big)
+    tl.store(expert_ptr + BLOCK_E + e, big)
+    tl.store(expert_ptr + 2 * BLOCK_E + e, tail_end - tail)
+    _expert_blocks(experts_big_ptr, short_ptr, big_end - big, big, running, num_experts, big_blocks, BLOCK_M,
+                   TAIL_M, MODE == 2, BLOCK_E, FILL)
+    for s0 in range(0, big_blocks * BLOCK_M, FILL):
+        s = s0 + tl.arange(0, FILL)
+        tl.store(rows_big_ptr + s, tl.zeros((FILL,), tl.int32) + n_pairs, mask=s < big_blocks * BLOCK_M)
+    if MODE == 1:
+        _expert_blocks(experts_tail_ptr, short_ptr, tail_end - tail, tail, running, num_experts, tail_blocks, TAIL_M,
+                       TAIL_M, False, BLOCK_E, FILL)
+        for s0 in range(0, tail_blocks * TAIL_M, FILL):
+            s = s0 + tl.arange(0, FILL)
+            tl.store(rows_tail_ptr + s, tl.zeros((FILL,), tl.int32) + n_pairs, mask=s < tail_blocks * TAIL_M)
+
+
+@_device
+def _expert_blocks(experts_ptr, short_ptr, first, blocks, pairs, num_experts, n_blocks, ROWS: tl.constexpr,
+                   TAIL_M: tl.constexpr, SHORT: tl.constexpr, BLOCK_E: tl.constexpr, FILL: tl.constexpr):
+    """align_layout_kernel's block experts: expert e's blocks first[e] .. first[e] + blocks[e] - 1 hold e, written by
+    all experts at once, one block of each a step (as many steps as the most blocks an expert has); the blocks past
+    the used ones -1 (disjoint slots: no ordering between the program's threads needed). SHORT: short_ptr's flag of
+    each block, 1 where it holds at most TAIL_M of its expert's pairs (ROWS a block)."""
+    e = tl.arange(0, BLOCK_E)
+    has = e < num_experts
+    for j in range(0, tl.max(tl.where(has, blocks, 0), 0)):
+        mine = has & (j < blocks)
+        tl.store(experts_ptr + first + j, e, mask=mine)
+        if SHORT:
+            tl.store(short_ptr + first + j, (pairs - j * ROWS <= TAIL_M).to(tl.int32), mask=mine)
+    used = tl.sum(tl.where(has, blocks, 0), 0)
+    for b0 in range(0, n_blocks, FILL):
+        b = b0 + tl.arange(0, FILL)
+        tl.store(experts_ptr + b, tl.zeros((FILL,), tl.int32) - 1, mask=(b >= used) & (b < n_blocks))
+        if SHORT:
+            tl.store(short_ptr + b, tl.zeros((FILL,), tl.int32), mask=(b >= used) & (b < n_blocks))
+
+
+@triton.jit
+def align_scatter_kernel(ids_ptr, chunk_base_ptr, expert_ptr, rows_big_ptr, rows_tail_ptr, n_pairs,
+                         BLOCK_M: tl.constexpr, TAIL_M: tl.constexpr, MODE: tl.constexpr, BLOCK_E: tl.constexpr,
+                         CHUNK: tl.constexpr, STEP: tl.constexpr):
+    """Step 3 of 3: each pair's slot. Its rank r among its expert's pairs (stable: the pairs of the expert in earlier
+    chunks, chunk_base, plus those before it in its chunk) puts it at slot r of its expert's first block; MODE 1:
+    past the expert's big blocks, at slot r - big x BLOCK_M of its first tail block."""
+    c = tl.program_id(0)
+    p = c * CHUNK + tl.arange(0, CHUNK)
+    pmask = p < n_pairs
+    ids = tl.load(ids_ptr + p, mask=pmask, other=0).to(tl.int32)
+    rank = tl.load(chunk_base_ptr + c * BLOCK_E + ids, mask=pmask, other=0)
+    for q0 in range(0, CHUNK, STEP):
+        q = c * CHUNK + q0 + tl.arange(0, STEP)
+        idq = tl.load(ids_ptr + q, mask=q < n_pairs, other=-1).to(tl.int32)
+        rank += tl.sum(((idq[None, :] == ids[:, None]) & (q[None, :] < p[:, None])).to(tl.int32), 1)
+    first = tl.load(expert_ptr + ids, mask=pmask, other=0)
+    if MODE == 1:
+        big_rows = tl.load(expert_ptr + BLOCK_E + ids, mask=pmask, other=0) * BLOCK_M
+        in_big = rank < big_rows
+        tl.store(rows_big_ptr + first * BLOCK_M + rank, p, mask=pmask & in_big)
+        tail_first = tl.load(expert_ptr + 2 * BLOCK_E + ids, mask=pmask, other=0)
+        tl.store(rows_tail_ptr + tail_first * TAIL_M + rank - big_rows, p, mask=pmask & (rank >= big_rows))
+    else:
+        tl.store(rows_big_ptr + first * BLOCK_M + rank, p, mask=pmask)
 
 
 @triton.jit
