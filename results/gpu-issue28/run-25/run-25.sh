@@ -1,0 +1,21 @@
+#!/bin/bash
+# Issue 28 run-25 (staged in session 26; H200, carry .third_party). PART may name several parts.
+#   PART=timing ~2 min: timing_methods.py on gpt-oss-120b bf16 / MXFP4 and Kimi-K2 bf16 at 8192 tokens: make bench's
+#               median_ms against chain_timeline's pattern, pytest-benchmark's and the profiler's wall, with clocks
+#   PART=bench  ~4 min: make bench's 8192-token rows (bf16, MXFP4, NVFP4, W4A4; both models) at this tree
+export PYTHONUNBUFFERED=1
+here=$(dirname "$0")
+for part in ${PART:-timing}; do
+case $part in
+  timing)
+    for c in "gpt-oss-120b bf16 triton_emulation" "gpt-oss-120b w_mxfp4 triton_bitplace" "kimi-k2 bf16 triton_emulation"; do
+      set -- $c
+      timeout 150 python3 $here/timing_methods.py --model $1 --scheme $2 --backend $3 2>&1 | grep -v Warn
+    done | tee $OUT/timing.log ;;
+  bench)
+    FILTER='(gpt-oss-120b or kimi-k2) and T8192/ and ((w_mxfp4/ or w_nvfp4/ or w_nvfp4_a_nvfp4/) and triton_bitplace and not gluon or bf16/ and triton_emulation)'
+    timeout 400 make bench PY=python3 SETUP= BENCH_ARGS="-k \"$FILTER\"" > $OUT/bench-prefill.log 2>&1
+    echo "bench prefill: rc=$?"; tail -1 $OUT/bench-prefill.log
+    cp bench/table.md bench/targets.md $OUT/ 2>/dev/null; grep -h "T=8192" $OUT/targets.md | cut -c1-220 ;;
+esac
+done

@@ -1,0 +1,105 @@
+"""Issue 28 run-25 (staged in session 26): why make bench's prefill time is ~12% above chain_timeline's graph-replay
+wall time on the same machine and tree (gpt-oss-120b bf16, 8192 tokens: 3856 against 3430 us, run-24 bench-gptoss/
+and align2/), while Kimi-K2's agree. One process, one checkpoint, one CUDA graph, timed four ways in turn:
+  A median_ms (make bench's row: flush, start event, replay, end event; no sync between flush and replay)
+  B the same with a sync after the flush (chain_timeline's pattern), CUDA events
+  C pytest-benchmark's pedantic pattern (harness.bench.cuda_event_timer around the replay, setup=flush_l2)
+  D chain_timeline's profiler wall (first kernel start to last kernel end)
+and A again, with nvidia-smi's clocks, power and throttle reasons before and after each.
+
+    python3 results/gpu-issue28/run-25/timing_methods.py --model gpt-oss-120b --scheme bf16 --backend triton_emulation
+"""
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))
+
+import torch  # noqa: E402
+
+from chain_timeline import replay_kernels, timeline  # noqa: E402
+from harness.backends import load_backend  # noqa: E402
+from harness.bench import MODEL_SHAPES, capture, device_checkpoint, flush_l2, median_ms, routed_inputs  # noqa: E402
+from harness.bench.timing import cuda_event_timer, gpu_state  # noqa: E402
+
+
+def state(label: str) -> None:
+    s = gpu_state()
+    print(f"  [{label}] SM {s.get('clocks.sm')} mem {s.get('clocks.mem')} power {s.get('power.draw')} "
+          f"temp {s.get('temperature.gpu')} throttle {s.get('clocks_throttle_reasons.active')}", flush=True)
+
+
+def synced_ms(replay, rounds: int) -> float:
+    times = []
+    for _ in range(rounds):
+        flush_l2()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def pedantic_ms(replay, rounds: int) -> float:
+    times = []
+    for _ in range(rounds):
+        flush_l2()
+        t0 = cuda_event_timer()
+        replay()
+        times.append(cuda_event_timer() - t0)
+    return statistics.median(times) * 1e3
+
+
+def profiler_wall_ms(replay, rounds: int) -> float:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(rounds):
+            flush_l2()
+            torch.cuda.synchronize()
+            replay()
+            torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        prof.export_chrome_trace(f"{tmp}/trace.json")
+        runs = replay_kernels(json.loads(Path(f"{tmp}/trace.json").read_text())["traceEvents"])
+    return statistics.median(timeline(r)[1] for r in runs) / 1e3
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True, choices=sorted(MODEL_SHAPES))
+    ap.add_argument("--scheme", required=True)
+    ap.add_argument("--backend", required=True)
+    ap.add_argument("--tokens", type=int, default=8192)
+    ap.add_argument("--rounds", type=int, default=20)
+    args = ap.parse_args()
+    shape = MODEL_SHAPES[args.model]
+    backend = load_backend(args.backend)
+    prep = backend.prepare(device_checkpoint(shape, args.scheme, "cuda"))
+    x, w, ids = routed_inputs(shape, args.tokens, "cuda")
+    w = w.float().contiguous()
+    replay, _ = capture(lambda: backend.launch(prep, x, w, ids))
+    for _ in range(3):
+        flush_l2()
+        replay()
+    torch.cuda.synchronize()
+    print(f"{args.model} {args.scheme} {args.backend} T={args.tokens}", flush=True)
+    for label, fn in (("A median_ms", median_ms), ("B synced", synced_ms), ("C pedantic", pedantic_ms),
+                      ("D profiler wall", profiler_wall_ms), ("A median_ms again", median_ms)):
+        state(f"before {label}")
+        ms = fn(replay, args.rounds) if fn is not median_ms else median_ms(replay, rounds=args.rounds)
+        print(f"  {label}: {ms * 1e3:.1f} us", flush=True)
+    state("end")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
