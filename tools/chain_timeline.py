@@ -23,8 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from harness.backends import load_backend  # noqa: E402
-from harness.bench import MODEL_SHAPES, capture, device_checkpoint, flush_l2, routed_inputs  # noqa: E402
+from harness.bench import MODEL_SHAPES, capture, flush_l2, model_launch  # noqa: E402
 
 
 def replay_kernels(trace_events: list[dict]) -> list[list[tuple[str, float, float]]]:
@@ -56,6 +55,26 @@ def timeline(kernels: list[tuple[str, float, float]]) -> tuple[list[str], float,
     return lines, end - t0, sum(k[2] for k in kernels)
 
 
+def profiled_replays(replay, replays: int) -> list[list[tuple[str, float, float]]]:
+    """The kernels of `replays` graph replays (replay_kernels), each after an L2 flush the host waits for, recorded
+    by the profiler after three warm replays."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        flush_l2()
+        replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            flush_l2()
+            torch.cuda.synchronize()
+            replay()
+            torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        prof.export_chrome_trace(f"{tmp}/trace.json")
+        return replay_kernels(json.loads(Path(f"{tmp}/trace.json").read_text())["traceEvents"])
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, choices=sorted(MODEL_SHAPES))
@@ -64,28 +83,11 @@ def main(argv=None) -> int:
     ap.add_argument("--backend", required=True)
     ap.add_argument("--replays", type=int, default=20)
     args = ap.parse_args(argv)
-    from torch.profiler import ProfilerActivity, profile
-
     shape = MODEL_SHAPES[args.model]
     for scheme in args.scheme:
-        backend = load_backend(args.backend)
-        prep = backend.prepare(device_checkpoint(shape, scheme, "cuda"))
-        x, w, ids = routed_inputs(shape, args.tokens, "cuda")
-        w = w.float().contiguous()
-        replay, _ = capture(lambda: backend.launch(prep, x, w, ids))
-        for _ in range(3):
-            flush_l2()
-            replay()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(args.replays):
-                flush_l2()
-                torch.cuda.synchronize()
-                replay()
-                torch.cuda.synchronize()
-        with tempfile.TemporaryDirectory() as tmp:
-            prof.export_chrome_trace(f"{tmp}/trace.json")
-            runs = replay_kernels(json.loads(Path(f"{tmp}/trace.json").read_text())["traceEvents"])
+        _, launch = model_launch(shape, scheme, args.backend, args.tokens)
+        replay, _ = capture(launch)
+        runs = profiled_replays(replay, args.replays)
         if len(runs) != args.replays or len({len(r) for r in runs}) != 1:
             print(f"warning: {len(runs)} replays of {sorted({len(r) for r in runs})} kernels in the trace, "
                   f"{args.replays} expected", flush=True)

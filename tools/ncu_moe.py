@@ -23,8 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from harness.backends import load_backend  # noqa: E402
-from harness.bench import MODEL_SHAPES, capture, device_checkpoint, flush_l2, median_ms, routed_inputs  # noqa: E402
+from harness.bench import MODEL_SHAPES, capture, flush_l2, median_ms, model_launch  # noqa: E402
 from harness.bench.diagnosis import kernel_table  # noqa: E402
 
 
@@ -37,17 +36,13 @@ def main() -> int:
     parser.add_argument("--forwards", type=int, default=1, help="profiled forwards")
     parser.add_argument("--kernels", action="store_true", help="print each kernel's device time instead")
     args = parser.parse_args()
-    shape = MODEL_SHAPES[args.model]
-    backend = load_backend(args.backend)
-    prep = backend.prepare(device_checkpoint(shape, args.scheme, "cuda"))
-    x, w, ids = routed_inputs(shape, args.tokens, "cuda")
-    w = w.float().contiguous()
+    _, launch = model_launch(MODEL_SHAPES[args.model], args.scheme, args.backend, args.tokens)
     for _ in range(3):
-        backend.launch(prep, x, w, ids)
+        launch()
     torch.cuda.synchronize()
     if args.kernels:
-        table = kernel_table(lambda: backend.launch(prep, x, w, ids), setup=flush_l2)
-        replay, _ = capture(lambda: backend.launch(prep, x, w, ids))
+        table = kernel_table(launch, setup=flush_l2)
+        replay, _ = capture(launch)
         graph_us = 1e3 * median_ms(replay)
         print(f"{args.backend} {args.model} {args.scheme} T={args.tokens}: CUDA graph {graph_us:.1f} us, "
               f"kernels {sum(t for *_, t in table):.1f} us")
@@ -56,7 +51,7 @@ def main() -> int:
         return 0
     for _ in range(args.forwards):
         torch.cuda.profiler.start()
-        backend.launch(prep, x, w, ids)
+        launch()
         torch.cuda.synchronize()
         torch.cuda.profiler.stop()
     print(f"{args.backend} {args.model} {args.scheme} T={args.tokens}: profiled {args.forwards} forward(s)")

@@ -73,11 +73,14 @@ def capture(fn, warmup: int = 2):
     return graph.replay, out
 
 
-def median_ms(fn, rounds: int = 50) -> float:
-    """Median CUDA-event time of fn() over rounds, each after an L2 flush."""
+def median_ms(fn, rounds: int = 50, sync: bool = False) -> float:
+    """Median CUDA-event time of fn() over rounds, each after an L2 flush (sync: the host waits for the flush
+    before fn is launched, as tools/chain_timeline.py does)."""
     times = []
     for _ in range(rounds):
         flush_l2()
+        if sync and has_gpu():
+            torch.cuda.synchronize()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()

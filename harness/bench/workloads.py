@@ -85,6 +85,19 @@ def routed_inputs(shape: ModelShape, tokens: int, device, seed: int = 0):
     return x.to(device), w.to(device), ids.to(device)
 
 
+def model_launch(shape: ModelShape, scheme_name: str, backend_name: str, tokens: int, device="cuda"):
+    """(backend, launch): a registered backend's forward at the model's full shape as make bench times it (its
+    launch() on device_checkpoint and routed_inputs, fp32 top-k weights), for the tools that look inside one
+    (tools/chain_timeline.py, tools/ncu_moe.py)."""
+    from harness.backends import load_backend
+
+    backend = load_backend(backend_name)
+    prep = backend.prepare(device_checkpoint(shape, scheme_name, device))
+    x, w, ids = routed_inputs(shape, tokens, device)
+    w = w.float().contiguous()
+    return backend, lambda: backend.launch(prep, x, w, ids)
+
+
 def device_checkpoint(shape: ModelShape, scheme_name: str, device, seed: int = 0) -> MoECheckpoint:
     """A checkpoint of the full model shape built directly on the device from random codes (a reference
     quantization of 10^10 weights would take minutes on the host and changes nothing about the time).

@@ -10,10 +10,8 @@ and A again, with nvidia-smi's clocks, power and throttle reasons before and aft
     python3 results/gpu-issue28/run-25/timing_methods.py --model gpt-oss-120b --scheme bf16 --backend triton_emulation
 """
 import argparse
-import json
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -22,9 +20,8 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 import torch  # noqa: E402
 
-from chain_timeline import replay_kernels, timeline  # noqa: E402
-from harness.backends import load_backend  # noqa: E402
-from harness.bench import MODEL_SHAPES, capture, device_checkpoint, flush_l2, median_ms, routed_inputs  # noqa: E402
+from chain_timeline import profiled_replays, timeline  # noqa: E402
+from harness.bench import MODEL_SHAPES, capture, flush_l2, median_ms, model_launch  # noqa: E402
 from harness.bench.timing import cuda_event_timer, gpu_state  # noqa: E402
 
 
@@ -32,20 +29,6 @@ def state(label: str) -> None:
     s = gpu_state()
     print(f"  [{label}] SM {s.get('clocks.sm')} mem {s.get('clocks.mem')} power {s.get('power.draw')} "
           f"temp {s.get('temperature.gpu')} throttle {s.get('clocks_throttle_reasons.active')}", flush=True)
-
-
-def synced_ms(replay, rounds: int) -> float:
-    times = []
-    for _ in range(rounds):
-        flush_l2()
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def pedantic_ms(replay, rounds: int) -> float:
@@ -59,18 +42,7 @@ def pedantic_ms(replay, rounds: int) -> float:
 
 
 def profiler_wall_ms(replay, rounds: int) -> float:
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(rounds):
-            flush_l2()
-            torch.cuda.synchronize()
-            replay()
-            torch.cuda.synchronize()
-    with tempfile.TemporaryDirectory() as tmp:
-        prof.export_chrome_trace(f"{tmp}/trace.json")
-        runs = replay_kernels(json.loads(Path(f"{tmp}/trace.json").read_text())["traceEvents"])
-    return statistics.median(timeline(r)[1] for r in runs) / 1e3
+    return statistics.median(timeline(r)[1] for r in profiled_replays(replay, rounds)) / 1e3
 
 
 def main() -> int:
@@ -81,22 +53,20 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=8192)
     ap.add_argument("--rounds", type=int, default=20)
     args = ap.parse_args()
-    shape = MODEL_SHAPES[args.model]
-    backend = load_backend(args.backend)
-    prep = backend.prepare(device_checkpoint(shape, args.scheme, "cuda"))
-    x, w, ids = routed_inputs(shape, args.tokens, "cuda")
-    w = w.float().contiguous()
-    replay, _ = capture(lambda: backend.launch(prep, x, w, ids))
+    _, launch = model_launch(MODEL_SHAPES[args.model], args.scheme, args.backend, args.tokens)
+    replay, _ = capture(launch)
     for _ in range(3):
         flush_l2()
         replay()
     torch.cuda.synchronize()
     print(f"{args.model} {args.scheme} {args.backend} T={args.tokens}", flush=True)
-    for label, fn in (("A median_ms", median_ms), ("B synced", synced_ms), ("C pedantic", pedantic_ms),
-                      ("D profiler wall", profiler_wall_ms), ("A median_ms again", median_ms)):
+    for label, ms in (("A median_ms", lambda: median_ms(replay, rounds=args.rounds)),
+                      ("B synced", lambda: median_ms(replay, rounds=args.rounds, sync=True)),
+                      ("C pedantic", lambda: pedantic_ms(replay, args.rounds)),
+                      ("D profiler wall", lambda: profiler_wall_ms(replay, args.rounds)),
+                      ("A median_ms again", lambda: median_ms(replay, rounds=args.rounds))):
         state(f"before {label}")
-        ms = fn(replay, args.rounds) if fn is not median_ms else median_ms(replay, rounds=args.rounds)
-        print(f"  {label}: {ms * 1e3:.1f} us", flush=True)
+        print(f"  {label}: {ms() * 1e3:.1f} us", flush=True)
     state("end")
     return 0
 
