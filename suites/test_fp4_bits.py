@@ -293,6 +293,42 @@ def test_serial_split_k_finishes_each_tile_in_the_gemms_launch_with_the_epilogue
             assert torch.equal(out.view(torch.int16), outs[0].view(torch.int16)), (fold, scheme, split_k)
 
 @pytest.mark.parametrize("scheme,act", [("w_mxfp4", "SWIGLUOAI"), ("w_nvfp4_a_nvfp4", "SILU")])
+def test_split_k_epilogue_programs_as_tall_as_the_calls_pairs_give_the_same_bits(scheme, act, monkeypatch):
+    """EPILOGUE_FIT_PAIRS: splitk_epilogue_kernel at 4 pairs a program (one token, top 3) instead of 16 gives the same
+    bits (rows are independent in the epilogue: scales, bias, activation, and GEMM1's NVFP4 quantization of GEMM2's
+    input along each row's 16-column blocks), with GEMM2's epilogue unfolded too; the launches take BLOCK_P 4."""
+    from harness.backends import load_backend
+    from harness.backends import triton_emulation
+    from harness.backends import triton_kernels as K
+    from harness.core.conformance import Shape, backend_shape, case_checkpoint, case_inputs
+
+    real, block_p = K.splitk_epilogue_kernel, []
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                block_p.append(kwargs["BLOCK_P"])
+                return real[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(K, "splitk_epilogue_kernel", Spy())
+    outs = []
+    for fit in (False, True):
+        monkeypatch.setattr(triton_emulation, "EPILOGUE_FIT_PAIRS", fit)
+        backend = load_backend("triton_bitplace")
+        backend.fold_epilogues = False
+        backend.configure(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=2, split_k=2)
+        shape = backend_shape(backend, Shape(num_experts=5, hidden_size=160, intermediate_size=96, tokens=1, top_k=3))
+        ckpt = case_checkpoint(scheme, act, "e4m3fn", shape, seed=4, bias=True)
+        x, w, ids = case_inputs(shape, 4)
+        block_p.clear()
+        outs.append(backend.forward(backend.prepare(ckpt), x, w, ids))
+        assert block_p == ([4, 4] if fit else [16, 16]), (fit, block_p)
+    assert outs[0].abs().sum() > 0
+    assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16)), scheme
+
+
+@pytest.mark.parametrize("scheme,act", [("w_mxfp4", "SWIGLUOAI"), ("w_nvfp4_a_nvfp4", "SILU")])
 def test_the_gluon_kernels_serial_epilogue_gets_what_splitk_epilogue_kernel_would(scheme, act, monkeypatch):
     """serial_k through the Gluon kernel (compiled only on the CPU, run on the H200: results/gpu-issue28/run-22): its
     launch for GEMM1 (and GEMM2's where its top-k sum is not folded) gets, as SERIAL's operands, exactly the scales,

@@ -214,6 +214,10 @@ def inline_tail_blocks(sorted_rows: torch.Tensor, block_expert: torch.Tensor, ta
 
 
 ALIGN_CHUNK = 256  # pairs a program of align_count_kernel and align_scatter_kernel
+# MOE_CONFORMANCE_EPILOGUE_FIT_PAIRS=1: splitk_epilogue_kernel's programs as tall as the call's pairs (up to 16), for
+# the one-token A/B of results/gpu-issue28/run-25 (NVFP4 W4A4's epilogue took 8 us after GEMM1 against MXFP4's 4,
+# run-24 check-timeline/timeline.log); opt-in until timed
+EPILOGUE_FIT_PAIRS = os.environ.get("MOE_CONFORMANCE_EPILOGUE_FIT_PAIRS", "0") == "1"
 # MOE_CONFORMANCE_PREFILL_ALIGN_TORCH=1: the prefill routing in torch ops again (align_layouts_torch), for an A/B
 PREFILL_ALIGN_TORCH = os.environ.get("MOE_CONFORMANCE_PREFILL_ALIGN_TORCH", "0") == "1"
 
@@ -789,7 +793,9 @@ class TritonEmulationBackend:
                 SPLIT_K=split_k, TOP_K=topk_ids.shape[1], A_SCALE=a_mode, HAS_EXPERT_SCALE=expert_scale is not None,
                 HAS_BIAS=bias is not None, BLOCK_H=TOPK_BLOCK_H, **epilogue_options)
             return True
-        bp, bn = 16, 64
+        # pairs a program: 16, or with EPILOGUE_FIT_PAIRS the pairs of the call up to 16 (one token: 4 or 8, not 16
+        # lanes of which 12 or 8 idle through the activation and GEMM1's NVFP4 quantization of GEMM2's input)
+        bp, bn = min(16, triton.next_power_of_2(n_pairs)) if EPILOGUE_FIT_PAIRS else 16, 64
         K.splitk_epilogue_kernel[(triton_cdiv(n_pairs, bp), triton_cdiv(n_out, bn))](
             target, topk_ids.reshape(-1), *operands, out, n_pairs, n_out, n_rows, *scalars, SPLIT_K=split_k,
             BLOCK_P=bp, BLOCK_N=bn, q_scale_ptr=q_scale, QUANT_NVFP4=quantize, **common, **epilogue_options)
