@@ -76,8 +76,9 @@ def test_the_prefill_alignment_equals_the_torch_one():
     """align_layouts (three launches at any number of pairs: prefill) against the torch ops it replaces
     (align_layouts_torch), bit for bit and at the same sizes: _align_torch's blocks, split_tail_blocks' big and tail blocks, inline_tail_blocks' blocks
     and short flags; across chunks of ALIGN_CHUNK pairs (an expert's rank carried over chunk boundaries), idle
-    experts, an expert holding most pairs, 7 / 128 / 384 experts. A rank off by one, a block or a sentinel out of place
-    fails it."""
+    experts, an expert holding most pairs, 7 / 128 / 384 / 385 experts, more than 16 chunks, int32 ids in a transposed
+    view. A rank off by one, a block or a sentinel out of place fails it; tails that do not divide the block are
+    refused by name."""
     from harness.backends.triton_emulation import ALIGN_CHUNK, align_layouts, align_layouts_torch
 
     g = torch.Generator().manual_seed(7)
@@ -90,7 +91,12 @@ def test_the_prefill_alignment_equals_the_torch_one():
         ("gpt-oss prefill (128 experts, top 4)", torch.stack([torch.randperm(128, generator=g)[:4]
                                                               for _ in range(700)]), 128),
         ("kimi-k2 prefill, idle experts (384, top 8)", torch.stack([torch.randperm(300, generator=g)[:8]
-                                                                   for _ in range(300)]), 384)]
+                                                                   for _ in range(300)]), 384),
+        # more than 16 chunks (the scan's running counts carried across steps), 385 experts (not a power of two),
+        # int32 ids in a transposed view, every pair of the last row to the last expert
+        ("17+ chunks, 385 experts, int32 ids transposed", torch.cat([torch.randint(0, 385, (4400,), generator=g),
+                                                                     torch.full((100,), 384)]).to(torch.int32)
+         .reshape(2, -1).t(), 385)]
     device = default_device()
     for name, ids, experts in cases:
         for block_m, tail_m, inline in ((16, 0, False), (128, 0, False), (128, 32, False), (128, 64, False),
@@ -104,6 +110,9 @@ def test_the_prefill_alignment_equals_the_torch_one():
                     where = (name, f"block_m {block_m}, tail_m {tail_m}, inline {inline}", f"layout {i}", what)
                     assert (g_t is None) == (w_t is None), where
                     assert g_t is None or torch.equal(g_t, w_t.to(g_t.dtype)), where
+    for block_m, tail_m, inline in ((128, 48, False), (128, 128, False), (128, 32, True), (64, 0, True)):
+        with pytest.raises(ValueError, match="align_layouts takes"):
+            align_layouts(cases[0][1], 8, block_m, tail_m, inline)
 
 
 def test_the_routing_launch_quantizes_gemm1_s_nvfp4_input_bit_for_bit():

@@ -230,6 +230,9 @@ def align_layouts(topk_ids: torch.Tensor, num_experts: int, block_m: int, tail_m
     tail_m 0: _align_torch's blocks of block_m rows (short None); tail_m, not inline: split_tail_blocks' big blocks
     and its tail blocks (two layouts); inline (block_m = 2 tail_m): inline_tail_blocks', whose rows are the
     block_m layout's (an expert's short block holds its last pairs, at most tail_m, then padding)."""
+    if tail_m and (tail_m >= block_m or block_m % tail_m) or inline and block_m != 2 * tail_m:
+        raise ValueError(f"align_layouts takes tail_m 0 or a divisor of block_m below it, and inline only with block_m "
+                         f"= 2 tail_m; got block_m {block_m}, tail_m {tail_m}, inline {inline}")
     flat = topk_ids.reshape(-1)
     if not flat.is_contiguous():
         flat = flat.contiguous()
