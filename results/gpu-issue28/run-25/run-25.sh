@@ -15,11 +15,8 @@ case $part in
       set -- $c
       timeout 150 python3 $here/timing_methods.py --model $1 --scheme $2 --backend $3 2>&1 | grep -v Warn
     done | tee $OUT/timing.log ;;
-  bench)
-    FILTER='(gpt-oss-120b or kimi-k2) and T8192/ and ((w_mxfp4/ or w_nvfp4/ or w_nvfp4_a_nvfp4/) and triton_bitplace and not gluon or bf16/ and triton_emulation)'
-    timeout 400 make bench PY=python3 SETUP= BENCH_ARGS="-k \"$FILTER\"" > $OUT/bench-prefill.log 2>&1
-    echo "bench prefill: rc=$?"; tail -1 $OUT/bench-prefill.log
-    cp bench/table.md bench/targets.md $OUT/ 2>/dev/null; grep -h "T=8192" $OUT/targets.md | cut -c1-220 ;;
+  bench)  # run-24's 8192-token rows, at this tree
+    PART=bench bash $here/../run-24/run-24.sh ;;
   epilogue)
     for fit in 0 1; do
       MOE_CONFORMANCE_EPILOGUE_FIT_PAIRS=$fit timeout 100 python3 tools/chain_timeline.py --model gpt-oss-120b \
