@@ -214,10 +214,12 @@ def inline_tail_blocks(sorted_rows: torch.Tensor, block_expert: torch.Tensor, ta
 
 
 ALIGN_CHUNK = 256  # pairs a program of align_count_kernel and align_scatter_kernel
-# MOE_CONFORMANCE_EPILOGUE_FIT_PAIRS=1: splitk_epilogue_kernel's programs as tall as the call's pairs (up to 16), for
-# the one-token A/B of results/gpu-issue28/run-25 (NVFP4 W4A4's epilogue took 8 us after GEMM1 against MXFP4's 4,
-# run-24 check-timeline/timeline.log); opt-in until timed
-EPILOGUE_FIT_PAIRS = os.environ.get("MOE_CONFORMANCE_EPILOGUE_FIT_PAIRS", "0") == "1"
+# splitk_epilogue_kernel's programs as tall as the call's pairs (up to 16): at one token 4 (gpt-oss-120b) or 8 pairs
+# (Kimi-K2), not 16 of which most idle through the activation and GEMM1's NVFP4 quantization of GEMM2's input. On the
+# H200 (results/gpu-issue28/run-25/timing-epilogue) make bench's one-token gluon rows: NVFP4 W4A4 gpt-oss-120b 43.9 ->
+# 40.8 us, Kimi-K2 99.5 -> 97.0, MXFP4 and NVFP4 W4A16 equal or faster; bit for bit (suites/test_fp4_bits.py).
+# MOE_CONFORMANCE_EPILOGUE_FIT_PAIRS=0: 16 pairs a program always (the A/B baseline).
+EPILOGUE_FIT_PAIRS = os.environ.get("MOE_CONFORMANCE_EPILOGUE_FIT_PAIRS", "1") == "1"
 # MOE_CONFORMANCE_PREFILL_ALIGN_TORCH=1: the prefill routing in torch ops again (align_layouts_torch), for an A/B
 PREFILL_ALIGN_TORCH = os.environ.get("MOE_CONFORMANCE_PREFILL_ALIGN_TORCH", "0") == "1"
 
@@ -796,8 +798,7 @@ class TritonEmulationBackend:
                 SPLIT_K=split_k, TOP_K=topk_ids.shape[1], A_SCALE=a_mode, HAS_EXPERT_SCALE=expert_scale is not None,
                 HAS_BIAS=bias is not None, BLOCK_H=TOPK_BLOCK_H, **epilogue_options)
             return True
-        # pairs a program: 16, or with EPILOGUE_FIT_PAIRS the pairs of the call up to 16 (one token: 4 or 8, not 16
-        # lanes of which 12 or 8 idle through the activation and GEMM1's NVFP4 quantization of GEMM2's input)
+        # pairs a program: the call's pairs up to 16 (EPILOGUE_FIT_PAIRS)
         bp, bn = min(16, triton.next_power_of_2(n_pairs)) if EPILOGUE_FIT_PAIRS else 16, 64
         K.splitk_epilogue_kernel[(triton_cdiv(n_pairs, bp), triton_cdiv(n_out, bn))](
             target, topk_ids.reshape(-1), *operands, out, n_pairs, n_out, n_rows, *scalars, SPLIT_K=split_k,
