@@ -178,6 +178,8 @@ def describe(row: dict) -> str:
                          f"warp-instr/weight byte (budget {INSTRUCTION_BUDGET})")
     if "weight_bytes" in row:
         parts.append(f"{row['weight_bytes'] / 1e6:.0f} MB of weights")
+    if "dense_alongside_tflops" in row:
+        parts.append(f"dense bf16 matmul {row['dense_alongside_tflops']:.0f} TFLOP/s in the same rounds")
     if row.get("diagnosis_error"):
         parts.append(f"diagnosis failed: {row['diagnosis_error']}")
     return "; ".join(parts)

@@ -17,7 +17,8 @@ import torch
 
 from harness.platforms import has_gpu
 
-__all__ = ["cuda_event_timer", "flush_l2", "capture", "median_ms", "copy_bandwidth", "dense_bf16_tflops", "anchors",
+__all__ = ["cuda_event_timer", "flush_l2", "capture", "median_ms", "interleaved_median_ms", "copy_bandwidth",
+           "dense_bf16_matmul", "dense_bf16_tflops", "anchors",
            "GPU_STATE_FIELDS", "parse_gpu_state", "gpu_state"]
 
 _T0: list = []
@@ -76,19 +77,27 @@ def capture(fn, warmup: int = 2):
 def median_ms(fn, rounds: int = 50, sync: bool = False) -> float:
     """Median CUDA-event time of fn() over rounds, each after an L2 flush (sync: the host waits for the flush
     before fn is launched, as tools/chain_timeline.py does)."""
-    times = []
+    return interleaved_median_ms((fn,), rounds, sync)[0]
+
+
+def interleaved_median_ms(fns, rounds: int = 20, sync: bool = False) -> list[float]:
+    """The median CUDA-event time of each of fns, timed in turn within every round, each after an L2 flush: all of
+    them see the same clocks. A compute-bound kernel holds an H200 at its power cap, where the SM clock wanders
+    between 1.2 and 2.0 GHz within a run (results/gpu-issue28/run-25/bench_sequence.log: one graph 3422-3920 us
+    within a minute), so a rate measured minutes apart, in another state, does not compare with it."""
+    times = [[] for _ in fns]
     for _ in range(rounds):
-        flush_l2()
-        if sync and has_gpu():
-            torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    times.sort()
-    return times[len(times) // 2]
+        for fn, kept in zip(fns, times):
+            flush_l2()
+            if sync and has_gpu():
+                torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            kept.append(start.elapsed_time(end))
+    return [sorted(kept)[len(kept) // 2] for kept in times]
 
 
 @functools.lru_cache(maxsize=1)
@@ -101,13 +110,19 @@ def copy_bandwidth() -> float:
 
 
 @functools.lru_cache(maxsize=1)
-def dense_bf16_tflops() -> float:
-    """bf16 dense matmul throughput (8192^3, torch.matmul, median), this GPU, now."""
+def dense_bf16_matmul():
+    """(launch, FLOPs): the dense reference, a bf16 8192^3 torch.matmul on this GPU."""
     n = 8192
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    ms = median_ms(lambda: a @ b, rounds=20)
-    return 2 * n**3 / (ms / 1e3) / 1e12
+    return (lambda: a @ b), 2 * n**3
+
+
+@functools.lru_cache(maxsize=1)
+def dense_bf16_tflops() -> float:
+    """bf16 dense matmul throughput (dense_bf16_matmul, median), this GPU, now."""
+    launch, flops = dense_bf16_matmul()
+    return flops / (median_ms(launch, rounds=20) / 1e3) / 1e12
 
 
 # which board and in what state: the same kernel and config measured 599, 625 and 693 us on three H200 loans
