@@ -178,8 +178,9 @@ def describe(row: dict) -> str:
                          f"warp-instr/weight byte (budget {INSTRUCTION_BUDGET})")
     if "weight_bytes" in row:
         parts.append(f"{row['weight_bytes'] / 1e6:.0f} MB of weights")
-    if "dense_alongside_tflops" in row:
-        parts.append(f"dense bf16 matmul {row['dense_alongside_tflops']:.0f} TFLOP/s in the same rounds")
+    if "dense_sustained_tflops" in row:
+        parts.append(f"dense bf16 matmul sustained {row['dense_sustained_tflops']:.0f} TFLOP/s "
+                     f"({row['pct_dense_burst']:.1f}% of the run's cold anchor)")
     if row.get("diagnosis_error"):
         parts.append(f"diagnosis failed: {row['diagnosis_error']}")
     return "; ".join(parts)

@@ -17,7 +17,7 @@ import torch
 
 from harness.platforms import has_gpu
 
-__all__ = ["cuda_event_timer", "flush_l2", "capture", "median_ms", "interleaved_median_ms", "copy_bandwidth",
+__all__ = ["cuda_event_timer", "flush_l2", "capture", "median_ms", "copy_bandwidth",
            "dense_bf16_matmul", "dense_bf16_tflops", "anchors",
            "GPU_STATE_FIELDS", "parse_gpu_state", "gpu_state"]
 
@@ -74,30 +74,28 @@ def capture(fn, warmup: int = 2):
     return graph.replay, out
 
 
-def median_ms(fn, rounds: int = 50, sync: bool = False) -> float:
+def median_ms(fn, rounds: int = 50, sync: bool = False, warm_s: float = 0.0) -> float:
     """Median CUDA-event time of fn() over rounds, each after an L2 flush (sync: the host waits for the flush
-    before fn is launched, as tools/chain_timeline.py does)."""
-    return interleaved_median_ms((fn,), rounds, sync)[0]
-
-
-def interleaved_median_ms(fns, rounds: int = 20, sync: bool = False) -> list[float]:
-    """The median CUDA-event time of each of fns, timed in turn within every round, each after an L2 flush: all of
-    them see the same clocks. A compute-bound kernel holds an H200 at its power cap, where the SM clock wanders
-    between 1.2 and 2.0 GHz within a run (results/gpu-issue28/run-25/bench_sequence.log: one graph 3422-3920 us
-    within a minute), so a rate measured minutes apart, in another state, does not compare with it."""
-    times = [[] for _ in fns]
-    for _ in range(rounds):
-        for fn, kept in zip(fns, times):
-            flush_l2()
-            if sync and has_gpu():
-                torch.cuda.synchronize()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            kept.append(start.elapsed_time(end))
-    return [sorted(kept)[len(kept) // 2] for kept in times]
+    before fn is launched, as tools/chain_timeline.py does). warm_s: first run fn the same way, untimed, until that
+    many seconds of its GPU time have passed: a compute-bound kernel then runs where the board's power cap holds
+    it (an H200's SM clock falls from 1980 to ~1550 MHz within a second of dense matmuls:
+    results/gpu-issue28/run-26/dense_states.log)."""
+    times, warm_ms = [], 0.0
+    while len(times) < rounds:
+        flush_l2()
+        if sync and has_gpu():
+            torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        if warm_ms < warm_s * 1e3:
+            warm_ms += start.elapsed_time(end)
+        else:
+            times.append(start.elapsed_time(end))
+    times.sort()
+    return times[len(times) // 2]
 
 
 @functools.lru_cache(maxsize=1)

@@ -4,8 +4,9 @@ On a GPU (`make bench`): each case first checks the backend against the referenc
 I with 8 experts (the derived bound), then times the full shape: a CUDA graph of the backend's launch
 (eager for backends that synchronise with the host: no launch(), or graph_capturable = False), replayed after an L2 flush, CUDA-event medians;
 extra_info and bench/table.md hold bytes, FLOPs, TB/s, % of the copy bandwidth and TFLOP/s, % of the
-dense bf16 matmul, both measured in the same run (rows a target judges against the dense rate are timed round by
-round in turn with the dense matmul, so that both are read at the same clocks: DENSE_JUDGED_TOKENS). On a CPU the same tests run once, at a small shape,
+dense bf16 matmul, both measured in the same run. Rows a target judges against the dense rate (DENSE_JUDGED_TOKENS)
+are timed, and the dense matmul beside them, after a second of running back to back: both where the board's power cap
+holds them (a cold dense matmul is a burst the H200 does not sustain: 792 against ~690 TFLOP/s). On a CPU the same tests run once, at a small shape,
 as correctness checks (the Triton interpreter)."""
 
 from __future__ import annotations
@@ -17,8 +18,7 @@ import torch
 
 from harness.backends import Problem, load_backend
 from harness.bench import (CPU_SHAPE, DENSE_JUDGED_TOKENS, MODEL_SHAPES, TOKENS, capture, dense_bf16_matmul,
-                           device_checkpoint, flush_l2, interleaved_median_ms, io_bytes, median_ms, moe_flops,
-                           routed_inputs, weight_bytes)
+                           device_checkpoint, flush_l2, io_bytes, median_ms, moe_flops, routed_inputs, weight_bytes)
 from harness.backends import backend_structure
 from harness.bench.diagnosis import kernel_facts, kernel_time_split, loop_facts
 from harness.core.conformance import Shape, backend_shape, compare_backend, reference_run
@@ -30,6 +30,7 @@ GPU = has_gpu()
 BACKENDS = ("triton_emulation", "triton_dot_scaled", "dequantize_all", "torch_fp8", "torch_grouped_mm",
             "torch_scaled_grouped_mm", "jax_ragged_dot", "triton_bitplace", "triton_bitplace_gluon", "triton_kernels_ogs")
 ROUNDS = 20
+SUSTAIN_S = 1.0  # seconds of back-to-back running before a sustained median (the power cap's steady state)
 
 
 @functools.lru_cache(maxsize=None)
@@ -136,11 +137,11 @@ def test_moe_forward(case, benchmark, bench_rows):
     from harness.bench import anchors
 
     a = anchors()
-    dense_alongside = None
+    dense_sustained = None
     if tokens in DENSE_JUDGED_TOKENS:
+        ms = median_ms(timed, rounds=rounds, warm_s=SUSTAIN_S)
         dense, dense_flops = dense_bf16_matmul()
-        ms, dense_ms = interleaved_median_ms((timed, dense), rounds=rounds)
-        dense_alongside = dense_flops / (dense_ms / 1e3) / 1e12
+        dense_sustained = dense_flops / (median_ms(dense, rounds=ROUNDS, warm_s=SUSTAIN_S) / 1e3) / 1e12
     else:
         ms = median_ms(timed, rounds=rounds)
     nbytes = weight_bytes(ckpt, ids)
@@ -150,10 +151,12 @@ def test_moe_forward(case, benchmark, bench_rows):
                experts_used=int(torch.unique(ids).numel()),
                tb_s=nbytes / (ms / 1e3) / 1e12, tflops=flops / (ms / 1e3) / 1e12)
     row["pct_copy"] = 100 * row["tb_s"] / a["copy_tb_s"]
-    # against the dense rate read alongside this row where a target judges it so, else the run's anchor
-    if dense_alongside is not None:
-        row["dense_alongside_tflops"] = dense_alongside
-    row["pct_dense"] = 100 * row["tflops"] / (dense_alongside or a["dense_bf16_tflops"])
+    # where a target judges it so, against the dense matmul's sustained rate (both at the power cap), and also
+    # against the run's anchor (a cold burst, as the rows of other sizes)
+    row["pct_dense_burst"] = 100 * row["tflops"] / a["dense_bf16_tflops"]
+    if dense_sustained is not None:
+        row["dense_sustained_tflops"] = dense_sustained
+    row["pct_dense"] = 100 * row["tflops"] / (dense_sustained or a["dense_bf16_tflops"])
     _diagnose(backend, prep, (x, w, ids), shape, row)
     benchmark.extra_info.update(row)
     bench_rows.append(row)
