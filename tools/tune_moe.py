@@ -2,9 +2,12 @@
 shape (and Qwen3 for NVFP4): median CUDA-graph replay time per config, after an L2 flush.
 
     python3 tools/tune_moe.py [--quick | --prefill] [--case MODEL/SCHEME/BACKEND ...] [--tokens 8 64]
-                              [--where KEY=V1,V2 ...]
+                              [--where KEY=V1,V2 ...] [--warm-s 0.5]
     (--quick: decode, 8 and 64 tokens; --prefill: 8192 tokens; --where keeps the grid's configs whose KEY is one
-    of the values, e.g. --where mma_steps=1 --where block_n=64,128; JSON to $OUT/tune.json, or results/)
+    of the values, e.g. --where mma_steps=1 --where block_n=64,128; JSON to $OUT/tune.json, or results/;
+    --warm-s: at 512 tokens and more, each config runs that many seconds back to back before it is timed, and the
+    dense rate is the matmul's sustained one: both where the power cap holds them, as make bench judges prefill;
+    0 times each config from the state its compilation left, cold)
 
 The best config per (backend, scheme, token count) goes into the backends' tile table
 (harness/backends/triton_emulation.py: TILE_TABLE) by hand, with the run recorded in BENCHMARKS.md.
@@ -85,9 +88,10 @@ CASES = [("gpt-oss-120b", "w_mxfp4", "triton_dot_scaled"), ("gpt-oss-120b", "w_m
          ("gpt-oss-120b", "w_nvfp4", "triton_emulation"), ("gpt-oss-120b", "bf16", "triton_emulation")]
 
 
-def _pct_dense(row: dict, shape, tokens: int) -> float:
-    """The row's MoE FLOPs per second as a percentage of this GPU's dense bf16 matmul rate (stored in the row)."""
-    row["pct_dense"] = 100 * moe_flops(shape, tokens) / (row["us"] / 1e6) / (dense_bf16_tflops() * 1e12)
+def _pct_dense(row: dict, shape, tokens: int, warm_s: float) -> float:
+    """The row's MoE FLOPs per second as a percentage of this GPU's dense bf16 matmul rate (stored in the row),
+    cold or sustained as the row was timed."""
+    row["pct_dense"] = 100 * moe_flops(shape, tokens) / (row["us"] / 1e6) / (dense_bf16_tflops(warm_s) * 1e12)
     return row["pct_dense"]
 
 
@@ -99,6 +103,8 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, nargs="+")
     parser.add_argument("--where", action="append", default=[], metavar="KEY=V1,V2",
                         help="keep only the grid's configs whose KEY is one of these (ints)")
+    parser.add_argument("--warm-s", type=float, default=0.5,
+                        help="seconds back to back before timing a config at 512 tokens or more (0: cold)")
     args = parser.parse_args()
     keep = {k: {int(v) for v in vs.split(",")} for k, vs in (w.split("=", 1) for w in args.where)}
     quick, prefill = args.quick, args.prefill
@@ -125,14 +131,14 @@ def main() -> int:
                 backend.configure(**cfg)
                 try:
                     replay, _ = capture(lambda: backend.launch(prep, x, w, ids))
-                    ms = median_ms(replay, rounds=10)
+                    ms = median_ms(replay, rounds=10, warm_s=args.warm_s if tokens >= 512 else 0.0)
                 except Exception as exc:  # a config the compiler refuses (shared memory): skip it
                     print(f"  {cfg}: {type(exc).__name__}: {str(exc)[:100]}")
                     continue
                 row = dict(model=model, scheme=scheme, backend=name, tokens=tokens, **cfg, us=ms * 1e3,
                            pct_copy=100 * nbytes / (ms / 1e3) / bw)
                 # prefill's target metric: the MoE's FLOPs against a dense bf16 matmul on this GPU (BENCHMARKS.md)
-                dense = f", {_pct_dense(row, shape, tokens):.1f}% of dense bf16" if tokens >= 512 else ""
+                dense = f", {_pct_dense(row, shape, tokens, args.warm_s):.1f}% of dense bf16" if tokens >= 512 else ""
                 results.append(row)
                 print(f"  T={tokens} {cfg}: {row['us']:.1f} us, {row['pct_copy']:.1f}% of copy{dense}", flush=True)
                 if best is None or ms * 1e3 < best["us"]:

@@ -116,11 +116,12 @@ def dense_bf16_matmul():
     return (lambda: a @ b), 2 * n**3
 
 
-@functools.lru_cache(maxsize=1)
-def dense_bf16_tflops() -> float:
-    """bf16 dense matmul throughput (dense_bf16_matmul, median), this GPU, now."""
+@functools.lru_cache(maxsize=None)
+def dense_bf16_tflops(warm_s: float = 0.0) -> float:
+    """bf16 dense matmul throughput (dense_bf16_matmul, median), this GPU, now: cold, or after warm_s seconds back to
+    back (median_ms)."""
     launch, flops = dense_bf16_matmul()
-    return flops / (median_ms(launch, rounds=20) / 1e3) / 1e12
+    return flops / (median_ms(launch, rounds=20, warm_s=warm_s) / 1e3) / 1e12
 
 
 # which board and in what state: the same kernel and config measured 599, 625 and 693 us on three H200 loans
