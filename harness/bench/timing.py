@@ -17,7 +17,7 @@ import torch
 
 from harness.platforms import has_gpu
 
-__all__ = ["cuda_event_timer", "flush_l2", "capture", "median_ms", "copy_bandwidth",
+__all__ = ["cuda_event_timer", "flush_l2", "capture", "median_ms", "round_times_ms", "SampledClocks", "copy_bandwidth",
            "dense_bf16_matmul", "dense_bf16_tflops", "anchors",
            "GPU_STATE_FIELDS", "parse_gpu_state", "gpu_state"]
 
@@ -75,10 +75,16 @@ def capture(fn, warmup: int = 2):
 
 
 def median_ms(fn, rounds: int = 50, sync: bool = False, warm_s: float = 0.0) -> float:
-    """Median CUDA-event time of fn() over rounds, each after an L2 flush (sync: the host waits for the flush
-    before fn is launched, as tools/chain_timeline.py does). warm_s: first run fn the same way, untimed, until that
-    many seconds of its GPU time have passed: a compute-bound kernel then runs where the board's power cap holds
-    it (an H200's SM clock falls from 1980 to ~1550 MHz within a second of dense matmuls:
+    """Median CUDA-event time of fn() over rounds, each after an L2 flush (round_times_ms)."""
+    times = sorted(round_times_ms(fn, rounds, sync, warm_s))
+    return times[len(times) // 2]
+
+
+def round_times_ms(fn, rounds: int, sync: bool = False, warm_s: float = 0.0) -> list[float]:
+    """CUDA-event times of fn(), round by round, each after an L2 flush (sync: the host waits for the flush before
+    fn is launched, as tools/chain_timeline.py does). warm_s: first run fn the same way, untimed, until that many
+    seconds of its GPU time have passed: a compute-bound kernel then runs where the board's power cap holds it (an
+    H200's SM clock falls from 1980 to ~1550 MHz within a second of dense matmuls:
     results/gpu-issue28/run-26/dense_states.log)."""
     times, warm_ms = [], 0.0
     while len(times) < rounds:
@@ -94,8 +100,30 @@ def median_ms(fn, rounds: int = 50, sync: bool = False, warm_s: float = 0.0) -> 
             warm_ms += start.elapsed_time(end)
         else:
             times.append(start.elapsed_time(end))
-    times.sort()
-    return times[len(times) // 2]
+    return times
+
+
+class SampledClocks:
+    """nvidia-smi's SM clock (MHz) and power (W) sampled every period_ms while the block runs; .summary says their
+    medians afterwards ('' without samples)."""
+
+    def __init__(self, period_ms: int = 20):
+        self.period_ms, self.summary = period_ms, ""
+
+    def __enter__(self):
+        self.proc = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
+                                      "-lms", str(self.period_ms)], stdout=subprocess.PIPE, text=True)
+        return self
+
+    def __exit__(self, *exc):
+        if has_gpu():
+            torch.cuda.synchronize()
+        self.proc.terminate()
+        rows = [line.split(",") for line in self.proc.communicate()[0].splitlines() if "," in line]
+        if rows:
+            sm, power = sorted(float(r[0]) for r in rows), sorted(float(r[1]) for r in rows)
+            self.summary = (f"SM median {sm[len(sm) // 2]:.0f} MHz (min {sm[0]:.0f}), power median "
+                            f"{power[len(power) // 2]:.0f} W ({len(rows)} samples)")
 
 
 @functools.lru_cache(maxsize=1)

@@ -13,7 +13,7 @@ from reference.formats import E4M3FN
 from reference.routing import RoutingConfig, route
 from reference.schemes import scheme_by_name
 
-__all__ = ["ModelShape", "MODEL_SHAPES", "TOKENS", "CPU_SHAPE", "device_checkpoint", "weight_bytes", "moe_flops",
+__all__ = ["ModelShape", "MODEL_SHAPES", "TOKENS", "CPU_SHAPE", "device_checkpoint", "weight_bytes", "moe_flops", "model_case_parser",
            "io_bytes", "routed_inputs", "roofline_time_s"]
 
 
@@ -83,6 +83,19 @@ def routed_inputs(shape: ModelShape, tokens: int, device, seed: int = 0):
     x = (torch.randn(tokens, shape.hidden_size, generator=g)).to(torch.bfloat16)
     w, ids = route(torch.randn(tokens, shape.num_experts, generator=g), RoutingConfig(top_k=shape.top_k))
     return x.to(device), w.to(device), ids.to(device)
+
+
+def model_case_parser(doc: str, tokens: int = 8192):
+    """The command line of a script that looks at one registered backend at a model's full shape (the run scripts
+    under results/): --model, --scheme, --backend, --tokens."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--model", required=True, choices=sorted(MODEL_SHAPES))
+    ap.add_argument("--scheme", required=True)
+    ap.add_argument("--backend", required=True)
+    ap.add_argument("--tokens", type=int, default=tokens)
+    return ap
 
 
 def model_launch(shape: ModelShape, scheme_name: str, backend_name: str, tokens: int, device="cuda"):

@@ -7,65 +7,37 @@ and samples nvidia-smi's SM clock and power every 20 ms during each step.
 
     python3 results/gpu-issue28/run-25/bench_sequence.py --model gpt-oss-120b --scheme bf16 --backend triton_emulation
 """
-import argparse
-import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
 from harness.backends import load_backend  # noqa: E402
-from harness.bench import MODEL_SHAPES, capture, device_checkpoint, flush_l2, median_ms, routed_inputs  # noqa: E402
-from harness.bench.timing import cuda_event_timer, dense_bf16_tflops  # noqa: E402
-
-
-class Clocks:
-    """nvidia-smi sampling SM clock (MHz) and power (W) every 20 ms while the block runs."""
-
-    def __enter__(self):
-        self.p = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
-                                   "-lms", "20"], stdout=subprocess.PIPE, text=True)
-        return self
-
-    def __exit__(self, *exc):
-        torch.cuda.synchronize()
-        self.p.terminate()
-        rows = [line.split(",") for line in self.p.communicate()[0].splitlines() if "," in line]
-        sm = [float(r[0]) for r in rows]
-        pw = [float(r[1]) for r in rows]
-        self.text = (f"SM {statistics.median(sm):.0f} MHz (min {min(sm):.0f}) power {statistics.median(pw):.0f} W "
-                     f"({len(rows)} samples)" if rows else "no samples")
+from harness.bench import MODEL_SHAPES, model_case_parser, capture, device_checkpoint, flush_l2, median_ms, routed_inputs  # noqa: E402
+from harness.bench.timing import SampledClocks, dense_bf16_tflops  # noqa: E402
+from timing_methods import pedantic_ms  # noqa: E402  (pytest-benchmark's pattern, beside this script)
 
 
 def step(label, fn):
-    with Clocks() as c:
+    with SampledClocks(20) as c:
         value = fn()
-    print(f"  {label}: {value} | {c.text}", flush=True)
+    print(f"  {label}: {value} | {c.summary}", flush=True)
 
 
-def pedantic_ms(replay, rounds, warmup=2):
+def pedantic(replay, rounds, warmup=2):
     for _ in range(warmup):
         flush_l2()
         replay()
-    times = []
-    for _ in range(rounds):
-        flush_l2()
-        t0 = cuda_event_timer()
-        replay()
-        times.append(cuda_event_timer() - t0)
-    return f"{statistics.median(times) * 1e6:.1f} us"
+    return f"{pedantic_ms(replay, rounds) * 1e3:.1f} us"
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", required=True, choices=sorted(MODEL_SHAPES))
-    ap.add_argument("--scheme", required=True)
-    ap.add_argument("--backend", required=True)
-    ap.add_argument("--tokens", type=int, default=8192)
+    ap = model_case_parser(__doc__)
     args = ap.parse_args()
     shape = MODEL_SHAPES[args.model]
     backend = load_backend(args.backend)
@@ -82,7 +54,7 @@ def main() -> int:
     torch.cuda.synchronize()
     print(f"  graph == eager: {torch.equal(out, eager)}")
     step("bench graph median_ms", lambda: us(replay))
-    step("bench graph pytest-benchmark rounds", lambda: pedantic_ms(replay, 20))
+    step("bench graph pytest-benchmark rounds", lambda: pedantic(replay, 20))
     step("bench graph median_ms after them", lambda: us(replay))
     step("dense bf16 anchor", lambda: f"{dense_bf16_tflops():.0f} TFLOP/s")
     step("bench graph median_ms after the anchor", lambda: us(replay))

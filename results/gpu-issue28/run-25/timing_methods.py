@@ -9,7 +9,6 @@ and A again, with nvidia-smi's clocks, power and throttle reasons before and aft
 
     python3 results/gpu-issue28/run-25/timing_methods.py --model gpt-oss-120b --scheme bf16 --backend triton_emulation
 """
-import argparse
 import statistics
 import sys
 from pathlib import Path
@@ -21,7 +20,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 import torch  # noqa: E402
 
 from chain_timeline import profiled_replays, timeline  # noqa: E402
-from harness.bench import MODEL_SHAPES, capture, flush_l2, median_ms, model_launch  # noqa: E402
+from harness.bench import MODEL_SHAPES, model_case_parser, capture, flush_l2, median_ms, model_launch  # noqa: E402
 from harness.bench.timing import cuda_event_timer, gpu_state  # noqa: E402
 
 
@@ -46,11 +45,7 @@ def profiler_wall_ms(replay, rounds: int) -> float:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", required=True, choices=sorted(MODEL_SHAPES))
-    ap.add_argument("--scheme", required=True)
-    ap.add_argument("--backend", required=True)
-    ap.add_argument("--tokens", type=int, default=8192)
+    ap = model_case_parser(__doc__)
     ap.add_argument("--rounds", type=int, default=20)
     args = ap.parse_args()
     _, launch = model_launch(MODEL_SHAPES[args.model], args.scheme, args.backend, args.tokens)
