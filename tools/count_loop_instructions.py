@@ -13,6 +13,10 @@ this CPU venv may hold another; say which when you quote them.
     python tools/count_loop_instructions.py [--tokens 8] [--model gpt-oss-120b] [--path w_nvfp4/triton_bitplace ...]
                                             [--path w_mxfp4/triton_bitplace+gluon]  # the Gluon decode GEMM
                                             [--sass DIR]   # JSON to $OUT (or results/); --sass: each loop's SASS
+                                            [--tiles block_m=128 ...]  # over the tile table's (moe_gemm_kernel)
+
+At prefill sizes the weights' bytes are not the bound but the tensor cores are: each line also gives the K step's
+issue time over its MMA time on one multiprocessor (harness.bench.diagnosis.issue_over_mma).
 """
 
 from __future__ import annotations
@@ -32,9 +36,11 @@ import triton  # noqa: E402
 from harness.backends import load_backend  # noqa: E402
 from harness.backends import triton_kernels as K  # noqa: E402
 from harness.backends.compile_check import compile_launch  # noqa: E402
+from harness.backends import triton_emulation  # noqa: E402
 from harness.backends.triton_emulation import split_k_to_fill  # noqa: E402
 from harness.bench import MODEL_SHAPES, routed_inputs  # noqa: E402
-from harness.bench.diagnosis import INSTRUCTION_BUDGET as BUDGET, k_loop, sass, weight_bytes_per_iteration  # noqa: E402
+from harness.bench.diagnosis import (INSTRUCTION_BUDGET as BUDGET, issue_over_mma, k_loop, sass,  # noqa: E402
+                                     weight_bytes_per_iteration)
 from harness.bench.report import write_results_json  # noqa: E402
 from reference.checkpoints import make_checkpoint  # noqa: E402
 
@@ -46,7 +52,8 @@ class _Captured(Exception):
     pass
 
 
-def capture_gemm1(scheme: str, backend_name: str, model: str, tokens: int) -> tuple[tuple, dict]:
+def capture_gemm1(scheme: str, backend_name: str, model: str, tokens: int, over: dict | None = None
+                  ) -> tuple[tuple, dict]:
     """The (args, kwargs) of the backend's first moe_gemm_kernel launch (GEMM1) at the model's H and I, from a
     small checkpoint of the same layout (8 experts). BACKEND+gluon: triton_bitplace with its warp-specialised Gluon
     decode GEMM switched on, whose bitplace_partials_kernel launch is captured instead (kwargs BLOCK_N / BLOCK_K /
@@ -81,16 +88,19 @@ def capture_gemm1(scheme: str, backend_name: str, model: str, tokens: int) -> tu
     # layout whatever the values, and only GEMM1's launch is wanted
     backend._quantize_activation = lambda x2, scale, aq, fmt: ((x2, 0, x2) if aq is None else
                                                                (x2.to(torch.bfloat16), 1, torch.ones(1)))
+    torch_align, triton_emulation.PREFILL_ALIGN_TORCH = triton_emulation.PREFILL_ALIGN_TORCH, True  # prefill's likewise
     try:
         backend.forward(backend.prepare(ckpt), x, w.float(), ids)
     except _Captured:
         pass
     finally:
         setattr(K, kernel, real)
+        triton_emulation.PREFILL_ALIGN_TORCH = torch_align
     if not captured:
         raise RuntimeError(f"{backend_name} on {scheme} launched no {kernel}")
     # the tiles a GPU would pick (the capture ran with the interpreter's small ones): same pair count
     tiles = backend.tile_config(x.shape[0] * ids.shape[1], None if ckpt.scheme.weight is None else ckpt.scheme.weight.kind)
+    tiles = dict(tiles, **(over or {}))
     if gluon:
         kwargs = dict(captured["kwargs"], SPLIT_K=1)
     else:
@@ -118,19 +128,25 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=8)
     ap.add_argument("--path", action="append", metavar="SCHEME/BACKEND", help=f"only these (default: {PATHS})")
     ap.add_argument("--sass", metavar="DIR", help="write each loop's SASS there, with its opcode histogram")
+    ap.add_argument("--tiles", action="append", default=[], metavar="KEY=INT",
+                    help="tile keys over the table's (block_m, block_n, num_warps, num_stages)")
     args = ap.parse_args(argv)
+    over = {k: int(v) for k, v in (t.split("=", 1) for t in args.tiles)}
     rows = []
     print(f"triton {triton.__version__}, sm90, {args.model}, {args.tokens} tokens; budget {BUDGET} at copy rate")
     for scheme, backend_name in [tuple(p.split("/")) for p in args.path] if args.path else PATHS:
-        launch_args, kwargs = capture_gemm1(scheme, backend_name, args.model, args.tokens)
+        launch_args, kwargs = capture_gemm1(scheme, backend_name, args.model, args.tokens, over)
         compiled = compile_sm90(launch_args, kwargs)
         loop = k_loop(*sass(compiled.asm["cubin"]))
         if "PAIRS" in kwargs:  # the Gluon kernel: a 64-row tile (gate and up when gated) of one 128-value chunk
             kwargs.update(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_stages=kwargs["STAGES"])
         nbytes = weight_bytes_per_iteration(scheme, kwargs["BLOCK_N"], kwargs["BLOCK_K"], bool(kwargs.get("GATED")))
         per_byte = len(loop) * kwargs["num_warps"] / nbytes
+        ratio = issue_over_mma(len(loop), kwargs["num_warps"], kwargs["BLOCK_M"],
+                               kwargs["BLOCK_N"] * (2 if kwargs.get("GATED") else 1), kwargs["BLOCK_K"])
         row = dict(scheme=scheme, backend=backend_name, loop_instructions=len(loop), num_warps=kwargs["num_warps"],
                    weight_bytes_per_iteration=nbytes, warp_instructions_per_byte=round(per_byte, 4),
+                   issue_over_mma=round(ratio, 3),
                    tiles={k: kwargs[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages")},
                    triton=triton.__version__)
         rows.append(row)
@@ -140,7 +156,8 @@ def main(argv=None) -> int:
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text("\n".join(f"{n:5d} {op}" for op, n in ops.most_common()) + "\n\n" + "\n".join(loop) + "\n")
         print(f"{scheme:<10} {backend_name:<18} loop {len(loop):>5} instr x {kwargs['num_warps']} warps / {nbytes:>6} B "
-              f"= {per_byte:.3f} warp-instr/byte ({per_byte / BUDGET:.1f}x the budget)", flush=True)
+              f"= {per_byte:.3f} warp-instr/byte ({per_byte / BUDGET:.1f}x the budget); BLOCK_M {kwargs['BLOCK_M']}: "
+              f"issue / MMA {ratio:.2f}", flush=True)
     write_results_json("loop_instructions.json", dict(model=args.model, tokens=args.tokens, rows=rows))
     return 0
 

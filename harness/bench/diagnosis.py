@@ -116,11 +116,22 @@ def weight_bytes_per_iteration(scheme: str, block_n: int, block_k: int, gated: b
     return (2 if gated else 1) * per
 
 
+def issue_over_mma(loop_instructions: int, num_warps: int, block_m: int, weight_rows: int, block_k: int) -> float:
+    """A K step's issue time over its MMA time on one multiprocessor: its warp-instructions at 4 a clock (one a
+    scheduler) against block_m x weight_rows x block_k multiply-adds at 1024 a clock (the H200's dense bf16 rate,
+    ~989 TFLOP/s over 132 multiprocessors at 1.83 GHz). Where the tensor cores bound the time (prefill) a decode
+    above 1 cannot hide under its own program's MMAs; n programs a multiprocessor add up to n times it."""
+    return (loop_instructions * num_warps / 4) / (block_m * weight_rows * block_k / 1024)
+
+
 def loop_facts(cubin: bytes, scheme: str, tiles: dict, gated: bool) -> dict:
-    """The K loop's SASS instructions and warp-instructions per weight byte (x num_warps / bytes per step)."""
+    """The K loop's SASS instructions, warp-instructions per weight byte (x num_warps / bytes per step) and issue
+    time over MMA time (issue_over_mma)."""
     loop = k_loop(*sass(cubin))
     nbytes = weight_bytes_per_iteration(scheme, tiles["block_n"], tiles["block_k"], gated)
-    return dict(loop_instructions=len(loop), warp_instructions_per_byte=len(loop) * tiles["num_warps"] / nbytes)
+    return dict(loop_instructions=len(loop), warp_instructions_per_byte=len(loop) * tiles["num_warps"] / nbytes,
+                issue_over_mma=issue_over_mma(len(loop), tiles["num_warps"], tiles["block_m"],
+                                              tiles["block_n"] * (2 if gated else 1), tiles["block_k"]))
 
 
 # kernel names of MoE GEMMs: ours (and its split-K epilogue; the Gluon decode GEMM writes fp32 partials, named so),
@@ -176,6 +187,8 @@ def describe(row: dict) -> str:
         if "warp_instructions_per_byte" in g1:
             parts.append(f"K loop {g1['loop_instructions']} SASS = {g1['warp_instructions_per_byte']:.3f} "
                          f"warp-instr/weight byte (budget {INSTRUCTION_BUDGET})")
+        if "issue_over_mma" in g1 and "dense_sustained_tflops" in row:  # judged by the tensor cores' rate
+            parts.append(f"K step issue / MMA time {g1['issue_over_mma']:.2f} a program")
     if "weight_bytes" in row:
         parts.append(f"{row['weight_bytes'] / 1e6:.0f} MB of weights")
     if "dense_sustained_tflops" in row:

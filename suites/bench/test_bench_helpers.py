@@ -235,3 +235,20 @@ def test_rows_judged_against_the_dense_rate_are_timed_where_the_power_cap_holds_
                        tmp_path)
     table = (tmp_path / "table.md").read_text()
     assert "| 380.0 | 55.0 (48.1) |" in table and "| 5.0 | 1.0 |" in table
+
+
+def test_a_prefill_k_step_s_issue_time_is_weighed_against_its_mma_time():
+    """At prefill the tensor cores bound the time: NVFP4's K loop compiled for sm90 (Triton 3.6, 554 SASS, 4 warps, 64
+    activation rows, gate and up tiles of 64 weight rows, 128-value K step) issues for 554 clocks against 1024 of
+    MMAs (64 x 128 x 128 multiply-adds at 1024 a clock), 0.54; at 128 rows 588 SASS against 2048, 0.29. A missed
+    prefill target shows it; a decode row (not judged by the tensor cores' rate) does not."""
+    from harness.bench.diagnosis import describe, issue_over_mma
+
+    assert issue_over_mma(554, 4, 64, 128, 128) == pytest.approx(554 / 1024)
+    assert issue_over_mma(588, 4, 128, 128, 128) == pytest.approx(588 / 2048)
+    gemm1 = dict(regs=172, shared_kb=66.0, programs_per_sm=2, limited_by="registers", waves=98.2, loop_instructions=554,
+                 warp_instructions_per_byte=0.240, issue_over_mma=554 / 1024)
+    row = dict(tokens=8192, us=5543.0, gemm1=gemm1, dense_sustained_tflops=659.0, pct_dense_burst=37.0)
+    assert "K step issue / MMA time 0.54 a program" in describe(row)
+    decode = {k: v for k, v in row.items() if k not in ("dense_sustained_tflops", "pct_dense_burst")}
+    assert "issue / MMA" not in describe(decode)
