@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections import Counter
 from pathlib import Path
@@ -132,6 +133,11 @@ def main(argv=None) -> int:
                     help="tile keys over the table's (block_m, block_n, num_warps, num_stages)")
     args = ap.parse_args(argv)
     over = {k: int(v) for k, v in (t.split("=", 1) for t in args.tiles)}
+    unknown = set(over) - {"block_m", "block_n", "block_k", "num_warps", "num_stages"}
+    if unknown:
+        ap.error(f"--tiles: unknown keys {sorted(unknown)} (block_m, block_n, block_k, num_warps, num_stages)")
+    if over and any(p.endswith("+gluon") for p in args.path or []):
+        ap.error("--tiles: moe_gemm_kernel's tiles only (the Gluon decode GEMM's launch is captured as it is)")
     rows = []
     print(f"triton {triton.__version__}, sm90, {args.model}, {args.tokens} tokens; budget {BUDGET} at copy rate")
     for scheme, backend_name in [tuple(p.split("/")) for p in args.path] if args.path else PATHS:
@@ -143,7 +149,8 @@ def main(argv=None) -> int:
         nbytes = weight_bytes_per_iteration(scheme, kwargs["BLOCK_N"], kwargs["BLOCK_K"], bool(kwargs.get("GATED")))
         per_byte = len(loop) * kwargs["num_warps"] / nbytes
         ratio = issue_over_mma(len(loop), kwargs["num_warps"], kwargs["BLOCK_M"],
-                               kwargs["BLOCK_N"] * (2 if kwargs.get("GATED") else 1), kwargs["BLOCK_K"])
+                               kwargs["BLOCK_N"] * (2 if kwargs.get("GATED") else 1), kwargs["BLOCK_K"],
+                               fp8=any(re.search(r"HGMMA\S*\.E[45]M", i) for i in loop))
         row = dict(scheme=scheme, backend=backend_name, loop_instructions=len(loop), num_warps=kwargs["num_warps"],
                    weight_bytes_per_iteration=nbytes, warp_instructions_per_byte=round(per_byte, 4),
                    issue_over_mma=round(ratio, 3),

@@ -2,12 +2,13 @@
 shape (and Qwen3 for NVFP4): median CUDA-graph replay time per config, after an L2 flush.
 
     python3 tools/tune_moe.py [--quick | --prefill] [--case MODEL/SCHEME/BACKEND ...] [--tokens 8 64]
-                              [--where KEY=V1,V2 ...] [--warm-s 0.5]
+                              [--where KEY=V1,V2 ...] [--warm-s 1]
     (--quick: decode, 8 and 64 tokens; --prefill: 8192 tokens; --where keeps the grid's configs whose KEY is one
     of the values, e.g. --where mma_steps=1 --where block_n=64,128; JSON to $OUT/tune.json, or results/;
-    --warm-s: at 512 tokens and more, each config runs that many seconds back to back before it is timed, and the
-    dense rate is the matmul's sustained one: both where the power cap holds them, as make bench judges prefill;
-    0 times each config from the state its compilation left, cold)
+    --warm-s: the prefill grid's configs (512 tokens and more) each run that many seconds back to back before they
+    are timed, against the dense matmul's rate read the same way: both where the H200's power cap holds them, make
+    bench's sustained regime (harness.bench.SUSTAIN_S; make bench also reads them cold and judges the lower); 0:
+    each config timed from the state its compilation left, near cold)
 
 The best config per (backend, scheme, token count) goes into the backends' tile table
 (harness/backends/triton_emulation.py: TILE_TABLE) by hand, with the run recorded in BENCHMARKS.md.
@@ -25,7 +26,7 @@ import torch  # noqa: E402
 
 from harness.backends import load_backend  # noqa: E402
 from harness.bench.report import finish_tool  # noqa: E402
-from harness.bench import (MODEL_SHAPES, capture, copy_bandwidth, dense_bf16_tflops, device_checkpoint, median_ms,  # noqa: E402
+from harness.bench import (MODEL_SHAPES, SUSTAIN_S, capture, copy_bandwidth, dense_bf16_tflops, device_checkpoint, median_ms,  # noqa: E402
                            moe_flops, routed_inputs, weight_bytes)
 
 DECODE = [dict(block_m=16, block_n=n, block_k=k, num_warps=w, num_stages=s)
@@ -103,7 +104,7 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, nargs="+")
     parser.add_argument("--where", action="append", default=[], metavar="KEY=V1,V2",
                         help="keep only the grid's configs whose KEY is one of these (ints)")
-    parser.add_argument("--warm-s", type=float, default=0.5,
+    parser.add_argument("--warm-s", type=float, default=SUSTAIN_S,
                         help="seconds back to back before timing a config at 512 tokens or more (0: cold)")
     args = parser.parse_args()
     keep = {k: {int(v) for v in vs.split(",")} for k, vs in (w.split("=", 1) for w in args.where)}

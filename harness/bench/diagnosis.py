@@ -116,12 +116,14 @@ def weight_bytes_per_iteration(scheme: str, block_n: int, block_k: int, gated: b
     return (2 if gated else 1) * per
 
 
-def issue_over_mma(loop_instructions: int, num_warps: int, block_m: int, weight_rows: int, block_k: int) -> float:
+def issue_over_mma(loop_instructions: int, num_warps: int, block_m: int, weight_rows: int, block_k: int,
+                   fp8: bool = False) -> float:
     """A K step's issue time over its MMA time on one multiprocessor: its warp-instructions at 4 a clock (one a
-    scheduler) against block_m x weight_rows x block_k multiply-adds at 1024 a clock (the H200's dense bf16 rate,
-    ~989 TFLOP/s over 132 multiprocessors at 1.83 GHz). Where the tensor cores bound the time (prefill) a decode
-    above 1 cannot hide under its own program's MMAs; n programs a multiprocessor add up to n times it."""
-    return (loop_instructions * num_warps / 4) / (block_m * weight_rows * block_k / 1024)
+    scheduler) against block_m x weight_rows x block_k bf16 multiply-adds at 2048 a clock (the H200's dense bf16
+    rate: ~989 TFLOP/s = 132 multiprocessors x 1.83 GHz x 4096 FLOP). Programs sharing a multiprocessor share both
+    its schedulers and its tensor cores, so the ratio is the multiprocessor's too: above 1 the K loop's issue, not
+    the tensor cores, bounds a compute-bound GEMM (prefill). fp8: FP8 MMAs, twice the rate."""
+    return (loop_instructions * num_warps / 4) / (block_m * weight_rows * block_k / (4096 if fp8 else 2048))
 
 
 def loop_facts(cubin: bytes, scheme: str, tiles: dict, gated: bool) -> dict:
@@ -131,7 +133,8 @@ def loop_facts(cubin: bytes, scheme: str, tiles: dict, gated: bool) -> dict:
     nbytes = weight_bytes_per_iteration(scheme, tiles["block_n"], tiles["block_k"], gated)
     return dict(loop_instructions=len(loop), warp_instructions_per_byte=len(loop) * tiles["num_warps"] / nbytes,
                 issue_over_mma=issue_over_mma(len(loop), tiles["num_warps"], tiles["block_m"],
-                                              tiles["block_n"] * (2 if gated else 1), tiles["block_k"]))
+                                              tiles["block_n"] * (2 if gated else 1), tiles["block_k"],
+                                              fp8=any(re.search(r"HGMMA\S*\.E[45]M", i) for i in loop)))
 
 
 # kernel names of MoE GEMMs: ours (and its split-K epilogue; the Gluon decode GEMM writes fp32 partials, named so),
@@ -187,13 +190,14 @@ def describe(row: dict) -> str:
         if "warp_instructions_per_byte" in g1:
             parts.append(f"K loop {g1['loop_instructions']} SASS = {g1['warp_instructions_per_byte']:.3f} "
                          f"warp-instr/weight byte (budget {INSTRUCTION_BUDGET})")
-        if "issue_over_mma" in g1 and "dense_sustained_tflops" in row:  # judged by the tensor cores' rate
-            parts.append(f"K step issue / MMA time {g1['issue_over_mma']:.2f} a program")
+        if "issue_over_mma" in g1 and "pct_dense_sustained" in row:  # judged by the tensor cores' rate
+            parts.append(f"K step issue / MMA time {g1['issue_over_mma']:.2f}")
     if "weight_bytes" in row:
         parts.append(f"{row['weight_bytes'] / 1e6:.0f} MB of weights")
-    if "dense_sustained_tflops" in row:
-        parts.append(f"dense bf16 matmul sustained {row['dense_sustained_tflops']:.0f} TFLOP/s "
-                     f"({row['pct_dense_burst']:.1f}% of the run's cold anchor)")
+    if "pct_dense_sustained" in row:
+        parts.append(f"the row {row['pct_dense_cold']:.1f}% of the dense bf16 matmul cold ({row['dense_cold_tflops']:.0f}"
+                     f" TFLOP/s), {row['pct_dense_sustained']:.1f}% of it sustained "
+                     f"({row['dense_sustained_tflops']:.0f} TFLOP/s)")
     if row.get("diagnosis_error"):
         parts.append(f"diagnosis failed: {row['diagnosis_error']}")
     return "; ".join(parts)

@@ -4,7 +4,7 @@
 #               run-26/fit_pairs_bits.py (the fitted epilogue against 16 pairs a program, compiled, 1-4 tokens), then
 #               conformance and special values of triton_bitplace(_gluon) MXFP4 / NVFP4, memcheck over sanitize_kernels
 #   PART=nvfp4  ~4 min: NVFP4 prefill at MXFP4's row (128 rows, tails of 32 or 64, inline) against its own 64-row
-#               row, 8192 tokens, both models, W4A16 and W4A4, sustained (tune_moe --warm-s 0.5)
+#               row, 8192 tokens, both models, W4A16 and W4A4, sustained (tune_moe, its default --warm-s 1)
 export PYTHONUNBUFFERED=1
 HOST=$(python3 -m harness platforms --host)
 for part in ${PART:-check}; do
