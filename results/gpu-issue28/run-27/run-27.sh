@@ -5,6 +5,8 @@
 #               conformance and special values of triton_bitplace(_gluon) MXFP4 / NVFP4, memcheck over sanitize_kernels
 #   PART=nvfp4  ~4 min: NVFP4 prefill at MXFP4's row (128 rows, tails of 32 or 64, inline) against its own 64-row
 #               row, 8192 tokens, both models, W4A16 and W4A4, sustained (tune_moe, its default --warm-s 1)
+#   PART=bench  ~4 min: make bench's 8192-token rows under the rule of session 27's review (the lower of cold and
+#               sustained against the dense matmul read after each row), at this tree
 export PYTHONUNBUFFERED=1
 HOST=$(python3 -m harness platforms --host)
 for part in ${PART:-check}; do
@@ -24,5 +26,7 @@ case $part in
       --where num_warps=4 --where num_stages=3 --where group_m=8 --where tma=0 --where persistent=0 \
       --where mma_steps=1 2>&1 | grep -v -i warn > $OUT/nvfp4-prefill.log
     echo "tune: rc=${PIPESTATUS[0]}"; grep -E "best|Error" $OUT/nvfp4-prefill.log ;;
+  bench)
+    PART=bench bash results/gpu-issue28/run-24/run-24.sh ;;
 esac
 done
