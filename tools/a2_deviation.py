@@ -25,6 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from harness.backends import backend_bound_declarations, backend_structure, load_backend  # noqa: E402
+from harness.backends.triton_emulation import scheme_kinds  # noqa: E402
 from harness.core.conformance import Shape, backend_shape, case_problem  # noqa: E402
 from harness.core.real_shapes import DISTINCT_EXPERTS, share_by_name, share_reference  # noqa: E402
 from harness.core.tolerances import moe_error_bound  # noqa: E402
@@ -108,8 +109,7 @@ def main(argv=None) -> int:
         ckpt = dataclasses.replace(ckpt, b13=None, b2=None)
     inputs, out, trace = share_reference(backend, backend_shape(backend, shape), ckpt, device, args.seed)
     if args.tiles:
-        wq = SCHEMES[args.scheme].weight
-        backend.tiles = dict(backend.tile_config(shape.tokens * shape.top_k, None if wq is None else wq.kind),
+        backend.tiles = dict(backend.tile_config(shape.tokens * shape.top_k, *scheme_kinds(SCHEMES[args.scheme])),
                              **args.tiles)
         print(f"tiles {backend.tiles}")
     prepared = backend.prepare(ckpt)

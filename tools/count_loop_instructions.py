@@ -38,7 +38,7 @@ from harness.backends import load_backend  # noqa: E402
 from harness.backends import triton_kernels as K  # noqa: E402
 from harness.backends.compile_check import compile_launch  # noqa: E402
 from harness.backends import triton_emulation  # noqa: E402
-from harness.backends.triton_emulation import split_k_to_fill  # noqa: E402
+from harness.backends.triton_emulation import scheme_kinds, split_k_to_fill  # noqa: E402
 from harness.bench import MODEL_SHAPES, routed_inputs  # noqa: E402
 from harness.bench.diagnosis import (INSTRUCTION_BUDGET as BUDGET, issue_over_mma, k_loop, sass,  # noqa: E402
                                      weight_bytes_per_iteration)
@@ -100,7 +100,7 @@ def capture_gemm1(scheme: str, backend_name: str, model: str, tokens: int, over:
     if not captured:
         raise RuntimeError(f"{backend_name} on {scheme} launched no {kernel}")
     # the tiles a GPU would pick (the capture ran with the interpreter's small ones): same pair count
-    tiles = backend.tile_config(x.shape[0] * ids.shape[1], None if ckpt.scheme.weight is None else ckpt.scheme.weight.kind)
+    tiles = backend.tile_config(x.shape[0] * ids.shape[1], *scheme_kinds(ckpt.scheme))
     tiles = dict(tiles, **(over or {}))
     if gluon:
         kwargs = dict(captured["kwargs"], SPLIT_K=1)

@@ -116,7 +116,8 @@ TILE_KEYS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "w2_blo
 # split_k_programs instead: split_k then is the fewest splits that give GEMM1 that many programs (split_k_to_fill),
 # and pdl_bytes: pdl 1 where GEMM2's weights of the call (one expert a pair at most) are at most that many bytes,
 # else 2
-# (max pairs, weight kinds or None for any, tiles), first match wins. Decode rows from the H200 sweep
+# (max pairs, kinds or None for any, tiles), first match wins (table_row_matches: a kind is a weight kind, or a
+# (weight kind, activation kind) pair for one scheme's rows). Decode rows from the H200 sweep
 # of tools/tune_moe.py --quick (results/gpu-issue8/tune.json); prefill rows from its prefill sweep, the bf16 row from
 # results/gpu-issue28/run-14 (8192 tokens, group_m 8: gpt-oss-120b 41.9 -> 48.2% of dense bf16 with 4 stages, Kimi-K2
 # 36.6 -> 41.0%; 64-row and 64-column tiles slower at both), run-15 / run-16 (both operands by TMA, 3 stages: 45.2 ->
@@ -281,6 +282,18 @@ def align_layouts_torch(topk_ids: torch.Tensor, num_experts: int, block_m: int, 
     return [(*big, None), (*tail, None)]
 
 
+def scheme_kinds(scheme) -> tuple:
+    """(weight kind, activation kind) of a scheme, None for bf16 weights or activations: what a tile table row
+    names."""
+    return tuple(None if q is None else q.kind for q in (scheme.weight, scheme.act))
+
+
+def table_row_matches(kinds, weight_kind, act_kind=None) -> bool:
+    """A tile table row's kinds (None: any scheme) against a launch's: each kind is a weight kind (any
+    activations) or a (weight kind, activation kind) pair."""
+    return kinds is None or weight_kind in kinds or (weight_kind, act_kind) in kinds
+
+
 TAIL_M_CHOICES = (32, 64)
 
 
@@ -372,7 +385,7 @@ class TritonEmulationBackend:
             tiles = {**tiles, "pdl": 0}
         return tiles
 
-    def tile_config(self, n_pairs: int, weight_kind: str | None) -> dict:
+    def tile_config(self, n_pairs: int, weight_kind: str | None, act_kind=None) -> dict:
         """Tiles for a launch: the fixed ones, or the first TILE_TABLE row that matches (measured on the
         H200 with tools/tune_moe.py; BENCHMARKS.md). The interpreter keeps small tiles."""
         if self.tiles is not None:
@@ -380,7 +393,7 @@ class TritonEmulationBackend:
         if K.INTERPRET:
             return dict(block_m=16, block_n=64, block_k=64, num_warps=4, num_stages=2)
         for max_pairs, kinds, cfg in TILE_TABLE:
-            if n_pairs <= max_pairs and (kinds is None or weight_kind in kinds):
+            if n_pairs <= max_pairs and table_row_matches(kinds, weight_kind, act_kind):
                 return dict(cfg, block_k=max(cfg["block_k"], self.min_block_k))
         raise AssertionError("TILE_TABLE ends with a catch-all row")
 
@@ -429,8 +442,8 @@ class TritonEmulationBackend:
         isz = ckpt.intermediate_size
         p = t * k
         wq = ckpt.scheme.weight
-        tiles = self.resolve_tiles(self.tile_config(p, None if wq is None else wq.kind), prepared, p, dev)
         aq, fp8_fmt = ckpt.scheme.act, ckpt.fp8_format
+        tiles = self.resolve_tiles(self.tile_config(p, *scheme_kinds(ckpt.scheme)), prepared, p, dev)
         # NVFP4 W4A4: the routing launch also quantizes GEMM1's input (at decode), GEMM1's epilogue GEMM2's;
         # both store nvfp4_quantize_kernel's values
         fold_nvfp4 = self.fold_epilogues and aq is not None and aq.kind is NVFP4
