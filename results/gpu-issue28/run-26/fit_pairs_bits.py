@@ -3,7 +3,7 @@ H200: triton_bitplace_gluon and triton_bitplace at each model's H and I (8 exper
 4 tokens (4-16 pairs: programs of 4, 8 and 16), MXFP4 W4A16, NVFP4 W4A16 and NVFP4 W4A4; the two outputs compared bit
 for bit. Exit status: the number of points that differ.
 
-    python3 results/gpu-issue28/run-26/fit_pairs_bits.py
+    python3 results/gpu-issue28/run-26/fit_pairs_bits.py [MODEL ...]    # default: both models
 """
 import sys
 from pathlib import Path
@@ -18,7 +18,7 @@ from reference.checkpoints import make_checkpoint  # noqa: E402
 from reference.routing import RoutingConfig, route  # noqa: E402
 
 differ = 0
-for model in ("gpt-oss-120b", "kimi-k2"):
+for model in sys.argv[1:] or ("gpt-oss-120b", "kimi-k2"):
     shape = MODEL_SHAPES[model]
     for scheme in ("w_mxfp4", "w_nvfp4", "w_nvfp4_a_nvfp4"):
         ckpt = make_checkpoint(scheme, shape.activation, 8, shape.hidden_size, shape.intermediate_size, seed=0,
