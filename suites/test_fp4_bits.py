@@ -585,6 +585,31 @@ def test_the_decode_row_splits_k_until_gemm1_fills_the_gpu(monkeypatch):
     assert [backend.last_launch[g][0][2] for g in ("w13", "w2")] == [2, 2]
 
 
+def test_the_prefill_rows_are_chosen_by_weight_and_activation_kinds(monkeypatch):
+    """BITPLACE_TILES' prefill rows differ by scheme, not only by weight kind (results/gpu-issue28/run-28): NVFP4 W4A16
+    on 8 warps and 128 weight rows, NVFP4 W4A4 on 64-row tiles, MXFP4 (any activations) on the catch-all; the forward
+    looks its row up by the checkpoint's (weight, activation) kinds. Every row is one the kernel can launch: K steps
+    of one 128-value chunk, N tiles a multiple of 64 rows a warpgroup."""
+    from harness.backends import triton_kernels
+    from harness.backends.triton_bitplace import BITPLACE_TILES, TritonBitplaceBackend
+    from harness.backends.triton_emulation import scheme_kinds
+    from reference.quantizers import MX, NVFP4
+    from reference.schemes import scheme_by_name
+
+    monkeypatch.setattr(triton_kernels, "INTERPRET", False)  # the GPU's tile table
+    backend = TritonBitplaceBackend()
+    rows = {name: backend.tile_config(8192 * 4, *scheme_kinds(scheme_by_name(name)))
+            for name in ("w_mxfp4", "w_mxfp4_a_mxfp4", "w_nvfp4", "w_nvfp4_a_nvfp4")}
+    assert scheme_kinds(scheme_by_name("w_nvfp4_a_nvfp4")) == (NVFP4, NVFP4)
+    assert scheme_kinds(scheme_by_name("w_mxfp4")) == (MX, None)
+    assert (rows["w_nvfp4"]["num_warps"], rows["w_nvfp4"]["block_n"], rows["w_nvfp4"]["block_m"]) == (8, 128, 128)
+    assert rows["w_nvfp4_a_nvfp4"]["block_m"] == 64 and rows["w_nvfp4_a_nvfp4"]["num_warps"] == 4
+    assert rows["w_mxfp4"] == rows["w_mxfp4_a_mxfp4"] == BITPLACE_TILES[-1][2]
+    assert backend.tile_config(16, NVFP4, None) == backend.tile_config(16, NVFP4, NVFP4) == BITPLACE_TILES[0][2]
+    for _, _, row in BITPLACE_TILES:
+        assert row["block_k"] == 128 and row["num_warps"] in (4, 8) and row["block_n"] % (16 * row["num_warps"]) == 0
+
+
 def test_configure_starts_from_the_base_tiles_not_a_table_row_or_an_earlier_sweep_point(monkeypatch):
     """tools/tune_moe.py configures sweep point after sweep point and records only the keys it set: an optional
     key it leaves out must take the kernel's default, not the decode table row's split_k_programs nor the previous

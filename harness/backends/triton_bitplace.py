@@ -30,7 +30,7 @@ from reference.quantizers import FP8, MX, NVFP4
 
 from .fp4_bits import E8M0_FOLDABLE_MAX
 from . import triton_kernels
-from .triton_emulation import TritonEmulationBackend, multiprocessors, split_k_to_fill
+from .triton_emulation import TritonEmulationBackend, multiprocessors, split_k_to_fill, table_row_matches
 
 
 # NVFP4 block factors by an exponent add where every scale of the checkpoint is a normal E4M3 number (triton_kernels.
@@ -59,18 +59,25 @@ SERIAL_K = os.environ.get("MOE_CONFORMANCE_SERIAL_K", "0") == "1"
 # MXFP4 sweep on gpt-oss-120b (45.9%) but lost NVFP4 (W4A4 35.4 -> 27.1%, Kimi-K2 37.6 -> 29.6%) in make bench:
 # padding, Kimi-K2's 171 rows an expert fill 67% of two 128-row blocks. With tail_m 64 (each expert's rows in 128-row
 # blocks and one 64-row tail block, split_tail_blocks): MXFP4 in make bench (results/gpu-issue28/run-17) 40.1 -> 46.5%
-# (gpt-oss-120b), 41.6 -> 45.6% (Kimi-K2). NVFP4 keeps 64 rows: at 128 rows and tail_m 64 its sweep was no faster
-# (Kimi-K2 W4A4 38.7 -> 38.0%, results/gpu-issue28/run-16); what looked faster there read its activations by TMA at 128
-# rows, which races when compiled (wrong outputs at 3 stages, run-17 to run-23; refused, _gemm). The tail by the mean
-# rows an expert
-# (fit_tail_m: 32 for gpt-oss-120b's 256, 4246 -> 4143 us in run-19; 64 for Kimi-K2's 171, where 32 was 15957 -> 17210
-# us); a 64-row tail in the GEMM's one launch (inline_tails, where the fit is half a block: Kimi-K2 16122 -> 15895 us,
-# results/gpu-issue28/run-23 PART=inline; gpt-oss-120b's 32-row tails stay a second launch, 4129 us against 4224 us
-# inline at 64). Not taken (results/gpu-issue28/run-19, run-20/wide): 2 or 4 stages, mma_steps 2, 128 weight rows a program on two warpgroups (8 warps: Kimi-K2
-# 15451 -> 15175 us, gpt-oss-120b 4135 -> 4441), a persistent grid (2x slower). (max pairs, weight kinds or None, tiles).
+# (gpt-oss-120b), 41.6 -> 45.6% (Kimi-K2). The tail by the mean rows an expert (fit_tail_m: 32 for gpt-oss-120b's 256,
+# 4246 -> 4143 us in run-19; 64 for Kimi-K2's 171, where 32 was 15957 -> 17210 us); a 64-row tail in the GEMM's one
+# launch (inline_tails, where the fit is half a block: Kimi-K2 16122 -> 15895 us, results/gpu-issue28/run-23
+# PART=inline; gpt-oss-120b's 32-row tails stay a second launch, 4129 us against 4224 us inline at 64). Not taken for
+# MXFP4 (results/gpu-issue28/run-19, run-20/wide): 2 or 4 stages, mma_steps 2, 128 weight rows a program on two
+# warpgroups (8 warps: Kimi-K2 15451 -> 15175 us, gpt-oss-120b 4135 -> 4441), a persistent grid (2x slower).
+# NVFP4 W4A16 (results/gpu-issue28/run-27 PART=nvfp4, run-28 PART=stages, tune_moe sustained at 8192 tokens): at
+# MXFP4's 128 rows and 4 warps GEMM1 takes 114.0 KB of shared memory at 3 stages (its E4M3 scales are twice MXFP4's
+# bytes), 1 KB over what lets two programs share a multiprocessor (MXFP4: 113.0 KB, 2 programs/SM), so one runs; 128
+# weight rows on 8 warps spend that one program's shared memory on twice the MMA work: gpt-oss-120b 5620 (64 rows)
+# -> 5138 (128 rows, 4 warps) -> 4690 us (8 warps), Kimi-K2 18992 -> 18679 -> 17075 us; 2 stages (73 KB, 2 programs)
+# 5129 / 19561 us; inline tails slower. NVFP4 W4A4 keeps 64 rows: 8 warps won on Kimi-K2 (18709 -> 17549 us) but lost
+# on gpt-oss-120b (5598 -> 6157; 128 rows, 4 warps, 2 stages 5812). (At 128 rows by TMA its activations raced when
+# compiled, run-17 to run-23: refused, _gemm.) (max pairs, kinds or None, tiles; triton_emulation.table_row_matches).
 BITPLACE_TILES = (
     (1024, None, dict(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=3, split_k_programs=512)),
-    (1 << 62, (NVFP4,), dict(block_m=64, block_n=64, block_k=128, num_warps=4, num_stages=3, group_m=8)),
+    (1 << 62, ((NVFP4, NVFP4),), dict(block_m=64, block_n=64, block_k=128, num_warps=4, num_stages=3, group_m=8)),
+    (1 << 62, (NVFP4,), dict(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=3, group_m=8,
+                             fit_tail_m=1)),
     (1 << 62, None, dict(block_m=128, block_n=64, block_k=128, num_warps=4, num_stages=3, group_m=8, fit_tail_m=1,
                          inline_tails=1)),
 )
@@ -98,7 +105,7 @@ class TritonBitplaceBackend(TritonEmulationBackend):
             return False, "bit-placement path: activations bf16, MX, NVFP4 or static FP8 (scales on the accumulator)"
         return super().supports(problem, platform)
 
-    def tile_config(self, n_pairs: int, weight_kind) -> dict:
+    def tile_config(self, n_pairs: int, weight_kind, act_kind=None) -> dict:
         # the kernel's K step is one 128-value chunk and its N tile a multiple of 64 rows per warpgroup (the layout
         # of its loads is the wgmma register operand's): 4 warps, or 8 (two warpgroups on one activation tile, as
         # triton_kernels' Hopper tiles: 128 or 256 rows; compiled for sm90 the loop is the 4-warp one per warp,
@@ -114,7 +121,7 @@ class TritonBitplaceBackend(TritonEmulationBackend):
         if triton_kernels.INTERPRET:
             return dict(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=2)
         for max_pairs, kinds, cfg in BITPLACE_TILES:
-            if n_pairs <= max_pairs and (kinds is None or weight_kind in kinds):
+            if n_pairs <= max_pairs and table_row_matches(kinds, weight_kind, act_kind):
                 return dict(cfg, **({"serial_k": 1} if SERIAL_K and cfg["block_m"] == 16 else {}))
         raise AssertionError("BITPLACE_TILES ends with a catch-all row")
 
@@ -412,8 +419,8 @@ class TritonBitplaceGluonBackend(TritonBitplaceBackend):
     gluon = True
     row_pairs = True  # the kernel's TMA boxes are of the row-paired layout
 
-    def tile_config(self, n_pairs: int, weight_kind) -> dict:
-        tiles = super().tile_config(n_pairs, weight_kind)
+    def tile_config(self, n_pairs: int, weight_kind, act_kind=None) -> dict:
+        tiles = super().tile_config(n_pairs, weight_kind, act_kind)
         if self.tiles is None and tiles["block_m"] == 16:  # the decode row: a 4-deep ring (51 KB, 3 programs an SM)
             tiles["num_stages"] = GLUON_STAGES
             tiles["block_n"] = GLUON_BLOCK_N
