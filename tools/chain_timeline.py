@@ -3,12 +3,13 @@ kernel, its duration and its gap after the kernel before (negative: it overlappe
 launches do), so that the time a chain of launches loses between its kernels is seen, not inferred from a sum.
 
     python3 tools/chain_timeline.py --model gpt-oss-120b --tokens 1 --backend triton_bitplace_gluon \
-        --scheme w_nvfp4 --scheme w_nvfp4_a_nvfp4 [--replays 20]
+        --scheme w_nvfp4 --scheme w_nvfp4_a_nvfp4 [--replays 20] [--config block_m=128 --config tail_m=32 ...]
 
-The bench's setting: the model's full checkpoint on the device, its routing, the backend's own tiles, a CUDA graph of
-the launch, an L2 flush before each replay (outside the time line). The profiler's trace of the replays (CUPTI
-records each kernel node of a graph) is read back; the replay whose wall time is the median is printed, with the
-median wall time, kernel time and gap time over all replays.
+The bench's setting: the model's full checkpoint on the device, its routing, the backend's own tiles (--config: the
+launch parameters given instead, as tools/bit_for_bit.py takes them), a CUDA graph of the launch, an L2 flush before
+each replay (outside the time line). The profiler's trace of the replays (CUPTI records each kernel node of a graph)
+is read back; the replay whose wall time is the median is printed, with the median wall time, kernel time and gap
+time over all replays.
 """
 from __future__ import annotations
 
@@ -82,10 +83,14 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=1)
     ap.add_argument("--backend", required=True)
     ap.add_argument("--replays", type=int, default=20)
+    ap.add_argument("--config", action="append", default=[], metavar="KEY=INT")
     args = ap.parse_args(argv)
+    config = {k: int(v) for k, v in (c.split("=", 1) for c in args.config)}
     shape = MODEL_SHAPES[args.model]
     for scheme in args.scheme:
-        _, launch = model_launch(shape, scheme, args.backend, args.tokens)
+        backend, launch = model_launch(shape, scheme, args.backend, args.tokens)
+        if config:
+            backend.configure(**config)
         replay, _ = capture(launch)
         runs = profiled_replays(replay, args.replays)
         if len(runs) != args.replays or len({len(r) for r in runs}) != 1:
@@ -94,7 +99,7 @@ def main(argv=None) -> int:
         walls = [timeline(r)[1] for r in runs]
         median = sorted(range(len(runs)), key=lambda i: walls[i])[len(runs) // 2]
         lines, wall, busy = timeline(runs[median])
-        print(f"{args.model} {scheme} T={args.tokens} {args.backend}: median replay {statistics.median(walls):.1f} us "
+        print(f"{args.model} {scheme} T={args.tokens} {args.backend}{' ' + str(config) if config else ''}: median replay {statistics.median(walls):.1f} us "
               f"wall, kernels {busy:.1f} us summed ({len(runs[median])} kernels)\n     start      dur      gap  kernel")
         print("\n".join(lines), flush=True)
     return 0

@@ -1,0 +1,50 @@
+#!/bin/bash
+# Issue 28 run-29 (session 29; H200, carry .third_party). PART may name several parts.
+#   PART=bfb     ~2.5 min: NVFP4 W4A16's new prefill row (128 rows, 128 weight rows on 8 warps, 3 stages; run-28
+#                PART=stages) bit for bit against the 64-row 4-warp row at 100 and 600 tokens (8 experts: 50-600 rows
+#                an expert, tail blocks of 32 and 64); W4A4's 64-row row with 32-row tails against none
+#   PART=memcheck ~3 min: compute-sanitizer memcheck over tools/sanitize_kernels.py (now with the 8-warp row)
+#   PART=w4a4    ~6 min: NVFP4 W4A4 on gpt-oss-120b, where 8 warps lost in run-28 (6157 against the 64-row row's
+#                ~5598 us): 64 or 128 rows, 8 warps, 2 or 3 stages, tails 32 / 64, inline or not; its 64-row row beside;
+#                then gpt-oss-120b's kernels on a time line (chain_timeline) at W4A4's 64- and 128-row tiles and W4A16's
+#   PART=bench   ~4 min: make bench's 8192-token rows under the judged-lower rule (run-24's PART=bench), at this tree
+export PYTHONUNBUFFERED=1
+for part in ${PART:-bfb}; do
+case $part in
+  bfb)
+    for m in gpt-oss-120b kimi-k2; do
+      timeout 80 python3 tools/bit_for_bit.py --model $m --scheme w_nvfp4 --tokens 100 600 --ref triton_bitplace \
+        --ref-config block_m=64 --ref-config num_stages=3 --ref-config group_m=8 --ref-config tail_m=32 \
+        --backend triton_bitplace --config block_m=128 --config block_n=128 --config num_warps=8 \
+        --config num_stages=3 --config group_m=8 --sweep tail_m=32,64
+      echo "$m: rc=$?"
+      # W4A4's row with 32-row tails (fit_tail_m) against none
+      timeout 60 python3 tools/bit_for_bit.py --model $m --scheme w_nvfp4_a_nvfp4 --tokens 100 600 --ref triton_bitplace \
+        --ref-config block_m=64 --ref-config num_stages=3 --ref-config group_m=8 --backend triton_bitplace \
+        --config block_m=64 --config num_stages=3 --config group_m=8 --sweep tail_m=32
+      echo "$m W4A4: rc=$?"
+    done 2>&1 | grep -v -i warn | tee $OUT/bfb.log ;;
+  memcheck)
+    timeout 200 compute-sanitizer --tool memcheck python3 tools/sanitize_kernels.py > $OUT/memcheck.log 2>&1
+    echo "memcheck: rc=$? $(grep -E 'ERROR SUMMARY' $OUT/memcheck.log | tail -1)" ;;
+  w4a4)
+    C="--case gpt-oss-120b/w_nvfp4_a_nvfp4/triton_bitplace"
+    F="--where group_m=8 --where tma=0 --where persistent=0 --where mma_steps=1"
+    OUT=$OUT timeout 90 python3 tools/tune_moe.py --tokens 8192 $C $F --where block_m=64 --where num_warps=4 \
+      --where block_n=64 --where num_stages=3 --where tail_m=0 2>&1 | grep -v -i warn > $OUT/w4a4-row.log
+    echo "row: rc=${PIPESTATUS[0]}"; grep -E "T=8192|Error" $OUT/w4a4-row.log | cut -c1-260
+    mkdir -p $OUT/w8; OUT=$OUT/w8 timeout 300 python3 tools/tune_moe.py --tokens 8192 $C $F --where block_m=64,128 \
+      --where num_warps=8 --where block_n=128 --where num_stages=2,3 --where tail_m=0,32,64 --where inline_tails=0,1 \
+      2>&1 | grep -v -i warn > $OUT/w4a4-w8.log
+    echo "w8: rc=${PIPESTATUS[0]}"; grep -E "T=8192|Error" $OUT/w4a4-w8.log | cut -c1-260
+    # where W4A4's time goes at 128 rows (run-27: 6884 us against W4A16's 5046 at the same tiles): kernel by kernel
+    T="--config block_k=128 --config group_m=8 --config num_stages=3 --config tail_m=32"
+    for s_t in "w_nvfp4_a_nvfp4:64:64:4" "w_nvfp4_a_nvfp4:128:64:4" "w_nvfp4:128:64:4" "w_nvfp4_a_nvfp4:128:128:8"; do
+      IFS=: read s m n w <<< "$s_t"
+      timeout 60 python3 tools/chain_timeline.py --model gpt-oss-120b --tokens 8192 --backend triton_bitplace \
+        --scheme $s --replays 5 $T --config block_m=$m --config block_n=$n --config num_warps=$w 2>&1 | grep -v -i warn
+    done > $OUT/w4a4-timeline.log; grep -E "median|moe_gemm" $OUT/w4a4-timeline.log | cut -c1-160 ;;
+  bench)
+    PART=bench bash results/gpu-issue28/run-24/run-24.sh ;;
+esac
+done
