@@ -7,6 +7,8 @@
 #   PART=w4a4    ~6 min: NVFP4 W4A4 on gpt-oss-120b, where 8 warps lost in run-28 (6157 against the 64-row row's
 #                ~5598 us): 64 or 128 rows, 8 warps, 2 or 3 stages, tails 32 / 64, inline or not; its 64-row row beside;
 #                then gpt-oss-120b's kernels on a time line (chain_timeline) at W4A4's 64- and 128-row tiles and W4A16's
+#   PART=timeline ~1 min: the decode forward kernel by kernel (chain_timeline, the bench's tiles), MXFP4 gluon,
+#                gpt-oss-120b at 8 and 64 tokens (57.7 / 69.6% of copy in run-26) beside Kimi-K2 at 8 (73.4%)
 #   PART=bench   ~4 min: make bench's 8192-token rows under the judged-lower rule (run-24's PART=bench), at this tree
 export PYTHONUNBUFFERED=1
 for part in ${PART:-bfb}; do
@@ -44,6 +46,11 @@ case $part in
       timeout 60 python3 tools/chain_timeline.py --model gpt-oss-120b --tokens 8192 --backend triton_bitplace \
         --scheme $s --replays 5 $T --config block_m=$m --config block_n=$n --config num_warps=$w 2>&1 | grep -v -i warn
     done > $OUT/w4a4-timeline.log; grep -E "median|moe_gemm" $OUT/w4a4-timeline.log | cut -c1-160 ;;
+  timeline)
+    for mt in gpt-oss-120b:8 gpt-oss-120b:64 kimi-k2:8; do
+      timeout 60 python3 tools/chain_timeline.py --model ${mt%:*} --tokens ${mt#*:} --backend triton_bitplace_gluon \
+        --scheme w_mxfp4 --replays 20 2>&1 | grep -v -i warn
+    done > $OUT/decode-timeline.log; grep -E "median" $OUT/decode-timeline.log ;;
   bench)
     PART=bench bash results/gpu-issue28/run-24/run-24.sh ;;
 esac
