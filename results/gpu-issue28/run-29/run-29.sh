@@ -14,18 +14,20 @@ export PYTHONUNBUFFERED=1
 for part in ${PART:-bfb}; do
 case $part in
   bfb)
-    for m in gpt-oss-120b kimi-k2; do
-      timeout 80 python3 tools/bit_for_bit.py --model $m --scheme w_nvfp4 --tokens 100 600 --ref triton_bitplace \
-        --ref-config block_m=64 --ref-config num_stages=3 --ref-config group_m=8 --ref-config tail_m=32 \
-        --backend triton_bitplace --config block_m=128 --config block_n=128 --config num_warps=8 \
-        --config num_stages=3 --config group_m=8 --sweep tail_m=32,64
-      echo "$m: rc=$?"
-      # W4A4's row with 32-row tails (fit_tail_m) against none
-      timeout 60 python3 tools/bit_for_bit.py --model $m --scheme w_nvfp4_a_nvfp4 --tokens 100 600 --ref triton_bitplace \
-        --ref-config block_m=64 --ref-config num_stages=3 --ref-config group_m=8 --backend triton_bitplace \
-        --config block_m=64 --config num_stages=3 --config group_m=8 --sweep tail_m=32
-      echo "$m W4A4: rc=$?"
-    done 2>&1 | grep -v -i warn | tee $OUT/bfb.log ;;
+    # scheme | the reference's tiles | the row's tiles and what is swept (both 64-row 4-warp refs at 3 stages, group_m 8)
+    R="--ref-config num_stages=3 --ref-config group_m=8 --ref-config block_m=64"
+    C="--config num_stages=3 --config group_m=8"
+    while IFS='|' read scheme ref row; do
+      for m in gpt-oss-120b kimi-k2; do
+        timeout 80 python3 tools/bit_for_bit.py --model $m --scheme $scheme --tokens 100 600 --ref triton_bitplace \
+          $R $ref --backend triton_bitplace $C $row
+        echo "$m $scheme: rc=$?"
+      done
+    done 2>&1 <<'ROWS' | grep -v -i warn | tee $OUT/bfb.log
+w_nvfp4|--ref-config tail_m=32|--config block_m=128 --config block_n=128 --config num_warps=8 --sweep tail_m=32,64
+w_nvfp4_a_nvfp4||--config block_m=64 --sweep tail_m=32
+ROWS
+    ;;
   memcheck)
     timeout 200 compute-sanitizer --tool memcheck python3 tools/sanitize_kernels.py > $OUT/memcheck.log 2>&1
     echo "memcheck: rc=$? $(grep -E 'ERROR SUMMARY' $OUT/memcheck.log | tail -1)" ;;
