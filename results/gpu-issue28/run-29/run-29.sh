@@ -35,7 +35,7 @@ ROWS
     C="--case gpt-oss-120b/w_nvfp4_a_nvfp4/triton_bitplace"
     F="--where group_m=8 --where tma=0 --where persistent=0 --where mma_steps=1"
     OUT=$OUT timeout 90 python3 tools/tune_moe.py --tokens 8192 $C $F --where block_m=64 --where num_warps=4 \
-      --where block_n=64 --where num_stages=3 --where tail_m=0 2>&1 | grep -v -i warn > $OUT/w4a4-row.log
+      --where block_n=64 --where num_stages=3 --where tail_m=0,32 --where inline_tails=0 2>&1 | grep -v -i warn > $OUT/w4a4-row.log
     echo "row: rc=${PIPESTATUS[0]}"; grep -E "T=8192|Error" $OUT/w4a4-row.log | cut -c1-260
     mkdir -p $OUT/w8; OUT=$OUT/w8 timeout 300 python3 tools/tune_moe.py --tokens 8192 $C $F --where block_m=64,128 \
       --where num_warps=8 --where block_n=128 --where num_stages=2,3 --where tail_m=0,32,64 --where inline_tails=0,1 \
