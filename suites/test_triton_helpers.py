@@ -490,6 +490,27 @@ def test_tail_blocks_give_the_same_bits():
         assert set(backend.last_launch) == launches, (backend.last_launch, more)
 
 
+def test_quant_launch_quantizes_nvfp4_activations_in_their_own_launches_with_the_same_bits(monkeypatch):
+    """quant_launch 1 (NVFP4 W4A4): GEMM1's and GEMM2's inputs by nvfp4_quantize_kernel's own launches, not folded into
+    the routing launch and GEMM1's epilogue; bit for bit the folded forward's output, on tiles with tail blocks too
+    (tools/tune_moe.py --set quant_launch=1 times the one against the other)."""
+    from harness.backends import triton_kernels as K
+    from harness.backends.compile_check import LaunchLog
+
+    for tiles in (dict(block_m=16), dict(block_m=32, tail_m=16)):
+        outs, launches = [], []
+        for quant_launch in (0, 1):
+            log = LaunchLog(K.nvfp4_quantize_kernel)
+            monkeypatch.setattr(K, "nvfp4_quantize_kernel", log)
+            outs.append(_small_prefill_forward("triton_bitplace", "w_nvfp4_a_nvfp4",
+                                               {**tiles, "quant_launch": quant_launch}, "SILU")[1])
+            launches.append(len(log.grids))
+            monkeypatch.setattr(K, "nvfp4_quantize_kernel", log.kernel)
+        assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16)), tiles
+        assert outs[0].abs().sum() > 0
+        assert launches == [0, 2], (tiles, launches)
+
+
 def test_inline_tail_blocks_put_each_experts_short_block_after_its_full_ones():
     """inline_tail_blocks on _align's layout of 16-row small blocks (experts of 3, 2, 0 and 1 small blocks, padding
     slots n_pairs, unused blocks expert -1): 32-row blocks of each expert's pairs in order, a short block (its first

@@ -2,7 +2,7 @@
 shape (and Qwen3 for NVFP4): median CUDA-graph replay time per config, after an L2 flush.
 
     python3 tools/tune_moe.py [--quick | --prefill] [--case MODEL/SCHEME/BACKEND ...] [--tokens 8 64]
-                              [--where KEY=V1,V2 ...] [--warm-s 1]
+                              [--where KEY=V1,V2 ...] [--set KEY=INT ...] [--warm-s 1]
     (--quick: decode, 8 and 64 tokens; --prefill: 8192 tokens; --where keeps the grid's configs whose KEY is one
     of the values, e.g. --where mma_steps=1 --where block_n=64,128; JSON to $OUT/tune.json, or results/;
     --warm-s: the prefill grid's configs (512 tokens and more) each run that many seconds back to back before they
@@ -106,7 +106,11 @@ def main() -> int:
                         help="keep only the grid's configs whose KEY is one of these (ints)")
     parser.add_argument("--warm-s", type=float, default=SUSTAIN_S,
                         help="seconds back to back before timing a config at 512 tokens or more (0: cold)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=INT",
+                        help="a launch parameter added to every config swept (one the grid does not sweep: "
+                             "quant_launch=1)")
     args = parser.parse_args()
+    extra = {k: int(v) for k, v in (s.split("=", 1) for s in args.set)}
     keep = {k: {int(v) for v in vs.split(",")} for k, vs in (w.split("=", 1) for w in args.where)}
     quick, prefill = args.quick, args.prefill
     cases = [tuple(c.split("/")) for c in args.case] if args.case else CASES
@@ -128,7 +132,7 @@ def main() -> int:
             bitplace = name.startswith("triton_bitplace")
             decode = GLUON_DECODE if name == "triton_bitplace_gluon" else BITPLACE_DECODE if bitplace else DECODE
             grid = (BITPLACE_PREFILL if bitplace else PREFILL) if tokens >= 512 else decode
-            for cfg in (c for c in grid if all(c.get(k) in vs for k, vs in keep.items())):
+            for cfg in ({**c, **extra} for c in grid if all(c.get(k) in vs for k, vs in keep.items())):
                 backend.configure(**cfg)
                 try:
                     replay, _ = capture(lambda: backend.launch(prep, x, w, ids))

@@ -84,7 +84,7 @@ FUSED_ALIGN_MAX_PAIRS = 1024
 
 TILE_KEYS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "w2_block_n", "maxnreg", "mma_steps",
              "split_k", "mma_overlap", "w2_mma_overlap", "pdl", "persistent", "group_m", "tma", "tail_m",
-             "serial_k", "warp_spec", "inline_tails")
+             "serial_k", "warp_spec", "inline_tails", "quant_launch")
 # optional keys: w2_block_n (GEMM2's N tile where it differs from GEMM1's), maxnreg (a register cap per thread, so
 # that more programs fit on a multiprocessor; 0 = the compiler's choice), mma_steps (triton_bitplace: MMA steps per
 # 128-value chunk, 1 or 2; 2 holds half the decoded tile in registers), split_k (triton_bitplace: the K chunks
@@ -112,7 +112,10 @@ TILE_KEYS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "w2_blo
 # the bisect of results/gpu-issue28/run-24). A table row may give warp_spec_if_fits 1 instead (warp_spec
 # where the model's sizes allow it, else twice the warps unspecialized), inline_tails (with tail_m = block_m / 2: 1
 # runs the tail blocks in the GEMM's one launch, each right after its expert's full blocks, at tail_m rows; the
-# kernel's TAIL_M; not with tma 1, warp_spec or a persistent grid), and
+# kernel's TAIL_M; not with tma 1, warp_spec or a persistent grid), quant_launch (NVFP4 W4A4: 1 quantizes each GEMM's
+# input in its own nvfp4_quantize_kernel launch, not in the routing launch (decode) and GEMM1's epilogue; the same
+# bits: at prefill a tile that holds a multiprocessor alone cannot hide that epilogue under another program's K loop),
+# and
 # split_k_programs instead: split_k then is the fewest splits that give GEMM1 that many programs (split_k_to_fill),
 # and pdl_bytes: pdl 1 where GEMM2's weights of the call (one expert a pair at most) are at most that many bytes,
 # else 2
@@ -446,7 +449,7 @@ class TritonEmulationBackend:
         tiles = self.resolve_tiles(self.tile_config(p, *scheme_kinds(ckpt.scheme)), prepared, p, dev)
         # NVFP4 W4A4: the routing launch also quantizes GEMM1's input (at decode), GEMM1's epilogue GEMM2's;
         # both store nvfp4_quantize_kernel's values
-        fold_nvfp4 = self.fold_epilogues and aq is not None and aq.kind is NVFP4
+        fold_nvfp4 = self.fold_epilogues and aq is not None and aq.kind is NVFP4 and not tiles.get("quant_launch")
         a1 = torch.empty(t, h, dtype=torch.bfloat16, device=dev) if fold_nvfp4 and p <= FUSED_ALIGN_MAX_PAIRS else None
         tail_m = tiles.get("tail_m") or 0
         inline = bool(tail_m and tiles.get("inline_tails"))

@@ -4,9 +4,11 @@
 #                PART=stages) bit for bit against the 64-row 4-warp row at 100 and 600 tokens (8 experts: 50-600 rows
 #                an expert, tail blocks of 32 and 64); W4A4's 64-row row with 32-row tails against none
 #   PART=memcheck ~3 min: compute-sanitizer memcheck over tools/sanitize_kernels.py (now with the 8-warp row)
-#   PART=w4a4    ~6 min: NVFP4 W4A4 on gpt-oss-120b, where 8 warps lost in run-28 (6157 against the 64-row row's
-#                ~5598 us): 64 or 128 rows, 8 warps, 2 or 3 stages, tails 32 / 64, inline or not; its 64-row row beside;
-#                then gpt-oss-120b's kernels on a time line (chain_timeline) at W4A4's 64- and 128-row tiles and W4A16's
+#   PART=w4a4    ~7 min: NVFP4 W4A4, where 128 rows lost (run-27/28) though its K loop is W4A16's within 1% (count_loop_
+#                instructions) and its GEMM1 compiles to twice W4A16's SASS (the epilogue's NVFP4 quantization), 2
+#                stages (2 programs an SM) beat 3 at 128 rows: 64 / 128 rows, 4 / 8 warps, tails, the quantization
+#                in GEMM1's epilogue or its own launch (quant_launch), both models; then gpt-oss-120b's kernels on
+#                a time line (chain_timeline) at W4A4's 64- and 128-row tiles and W4A16's
 #   PART=timeline ~1 min: the decode forward kernel by kernel (chain_timeline, the bench's tiles), MXFP4 gluon,
 #                gpt-oss-120b at 8 and 64 tokens (57.7 / 69.6% of copy in run-26) beside Kimi-K2 at 8 (73.4%)
 #   PART=bench   ~4 min: make bench's 8192-token rows under the judged-lower rule (run-24's PART=bench), at this tree
@@ -32,15 +34,16 @@ ROWS
     timeout 200 compute-sanitizer --tool memcheck python3 tools/sanitize_kernels.py > $OUT/memcheck.log 2>&1
     echo "memcheck: rc=$? $(grep -E 'ERROR SUMMARY' $OUT/memcheck.log | tail -1)" ;;
   w4a4)
-    C="--case gpt-oss-120b/w_nvfp4_a_nvfp4/triton_bitplace"
-    F="--where group_m=8 --where tma=0 --where persistent=0 --where mma_steps=1"
-    OUT=$OUT timeout 90 python3 tools/tune_moe.py --tokens 8192 $C $F --where block_m=64 --where num_warps=4 \
-      --where block_n=64 --where num_stages=3 --where tail_m=0,32 --where inline_tails=0 2>&1 | grep -v -i warn > $OUT/w4a4-row.log
-    echo "row: rc=${PIPESTATUS[0]}"; grep -E "T=8192|Error" $OUT/w4a4-row.log | cut -c1-260
-    mkdir -p $OUT/w8; OUT=$OUT/w8 timeout 300 python3 tools/tune_moe.py --tokens 8192 $C $F --where block_m=64,128 \
-      --where num_warps=8 --where block_n=128 --where num_stages=2,3 --where tail_m=0,32,64 --where inline_tails=0,1 \
-      2>&1 | grep -v -i warn > $OUT/w4a4-w8.log
-    echo "w8: rc=${PIPESTATUS[0]}"; grep -E "T=8192|Error" $OUT/w4a4-w8.log | cut -c1-260
+    # 64 or 128 rows, 4 warps on 64 weight rows or 8 on 128, 3 stages, tails of 32 / 64, both models; GEMM2's NVFP4
+    # input quantized in GEMM1's epilogue (quant_launch 0, the default) or in its own launch (1)
+    C="--case gpt-oss-120b/w_nvfp4_a_nvfp4/triton_bitplace --case kimi-k2/w_nvfp4_a_nvfp4/triton_bitplace"
+    F="--where group_m=8 --where tma=0 --where persistent=0 --where mma_steps=1 --where num_stages=3
+       --where inline_tails=0 --where block_m=64,128 --where tail_m=32,64"
+    for q in 0 1; do
+      mkdir -p $OUT/q$q; OUT=$OUT/q$q timeout 200 python3 tools/tune_moe.py --tokens 8192 $C $F --set quant_launch=$q \
+        2>&1 | grep -v -i warn > $OUT/w4a4-q$q.log
+      echo "quant_launch $q: rc=${PIPESTATUS[0]}"; grep -E "T=8192|Error" $OUT/w4a4-q$q.log | cut -c1-250
+    done
     # where W4A4's time goes at 128 rows (run-27: 6884 us against W4A16's 5046 at the same tiles): kernel by kernel
     T="--config block_k=128 --config group_m=8 --config num_stages=3 --config tail_m=32"
     for s_t in "w_nvfp4_a_nvfp4:64:64:4" "w_nvfp4_a_nvfp4:128:64:4" "w_nvfp4:128:64:4" "w_nvfp4_a_nvfp4:128:128:8"; do
