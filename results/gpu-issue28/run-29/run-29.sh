@@ -1,8 +1,9 @@
 #!/bin/bash
 # Issue 28 run-29 (session 29; H200, carry .third_party). PART may name several parts.
-#   PART=bfb     ~2.5 min: NVFP4 W4A16's new prefill row (128 rows, 128 weight rows on 8 warps, 3 stages; run-28
+#   PART=bfb     ~4 min: NVFP4 W4A16's new prefill row (128 rows, 128 weight rows on 8 warps, 3 stages; run-28
 #                PART=stages) bit for bit against the 64-row 4-warp row at 100 and 600 tokens (8 experts: 50-600 rows
-#                an expert, tail blocks of 32 and 64); W4A4's 64-row row with 32-row tails against none
+#                an expert, tail blocks of 32 and 64); W4A4's 64-row row with 32-row tails against none, and W4A4 on the
+#                8-warp row, its quantization in GEMM1's epilogue or its own launch (quant_launch; PART=w4a4 times them)
 #   PART=memcheck ~3 min: compute-sanitizer memcheck over tools/sanitize_kernels.py (now with the 8-warp row)
 #   PART=w4a4    ~7 min: NVFP4 W4A4, where 128 rows lost (run-27/28) though its K loop is W4A16's within 1% (count_loop_
 #                instructions) and its GEMM1 compiles to twice W4A16's SASS (the epilogue's NVFP4 quantization), 2
@@ -28,6 +29,7 @@ case $part in
     done 2>&1 <<'ROWS' | grep -v -i warn | tee $OUT/bfb.log
 w_nvfp4|--ref-config tail_m=32|--config block_m=128 --config block_n=128 --config num_warps=8 --sweep tail_m=32,64
 w_nvfp4_a_nvfp4||--config block_m=64 --sweep tail_m=32
+w_nvfp4_a_nvfp4||--config block_m=128 --config block_n=128 --config num_warps=8 --sweep tail_m=32,64 --sweep quant_launch=0,1
 ROWS
     ;;
   memcheck)
