@@ -22,7 +22,7 @@ case $part in
     C="--config num_stages=3 --config group_m=8"
     while IFS='|' read scheme ref row; do
       for m in gpt-oss-120b kimi-k2; do
-        timeout 80 python3 tools/bit_for_bit.py --model $m --scheme $scheme --tokens 100 600 --ref triton_bitplace \
+        timeout 110 python3 tools/bit_for_bit.py --model $m --scheme $scheme --tokens 100 600 --ref triton_bitplace \
           $R $ref --backend triton_bitplace $C $row
         echo "$m $scheme: rc=$?"
       done
