@@ -8,9 +8,9 @@
 #   PART=w4a4    ~7 min: NVFP4 W4A4, where 128 rows lost (run-27/28) though its K loop is W4A16's within 1% (count_loop_
 #                instructions) and its GEMM1 compiles to twice W4A16's SASS (the epilogue's NVFP4 quantization), 2
 #                stages (2 programs an SM) beat 3 at 128 rows: 64 / 128 rows, 4 / 8 warps, tails, the quantization
-#                in GEMM1's epilogue or its own launch (quant_launch), both models; then gpt-oss-120b's kernels on
-#                a time line (chain_timeline) at W4A4's 64- and 128-row tiles and W4A16's
-#   PART=timeline ~1 min: the decode forward kernel by kernel (chain_timeline, the bench's tiles), MXFP4 gluon,
+#                in GEMM1's epilogue or its own launch (quant_launch), both models
+#   PART=timeline ~3 min: gpt-oss-120b's 8192-token kernels on a time line at W4A4's 64- and 128-row tiles and
+#                W4A16's (chain_timeline --config); the decode forward kernel by kernel (chain_timeline, the bench's tiles), MXFP4 gluon,
 #                gpt-oss-120b at 8 and 64 tokens (57.7 / 69.6% of copy in run-26) beside Kimi-K2 at 8 (73.4%)
 #   PART=bench   ~4 min: make bench's 8192-token rows under the judged-lower rule (run-24's PART=bench), at this tree
 export PYTHONUNBUFFERED=1
@@ -46,14 +46,16 @@ ROWS
         2>&1 | grep -v -i warn > $OUT/w4a4-q$q.log
       echo "quant_launch $q: rc=${PIPESTATUS[0]}"; grep -E "T=8192|Error" $OUT/w4a4-q$q.log | cut -c1-250
     done
+    ;;
+  timeline)
     # where W4A4's time goes at 128 rows (run-27: 6884 us against W4A16's 5046 at the same tiles): kernel by kernel
     T="--config block_k=128 --config group_m=8 --config num_stages=3 --config tail_m=32"
-    for s_t in "w_nvfp4_a_nvfp4:64:64:4" "w_nvfp4_a_nvfp4:128:64:4" "w_nvfp4:128:64:4" "w_nvfp4_a_nvfp4:128:128:8"; do
-      IFS=: read s m n w <<< "$s_t"
+    for s_t in w_nvfp4_a_nvfp4:64:64:4:0 w_nvfp4_a_nvfp4:128:64:4:0 w_nvfp4:128:64:4:0 w_nvfp4_a_nvfp4:128:64:4:1; do
+      IFS=: read s m n w q <<< "$s_t"
       timeout 60 python3 tools/chain_timeline.py --model gpt-oss-120b --tokens 8192 --backend triton_bitplace \
-        --scheme $s --replays 5 $T --config block_m=$m --config block_n=$n --config num_warps=$w 2>&1 | grep -v -i warn
-    done > $OUT/w4a4-timeline.log; grep -E "median|moe_gemm" $OUT/w4a4-timeline.log | cut -c1-160 ;;
-  timeline)
+        --scheme $s --replays 5 $T --config block_m=$m --config block_n=$n --config num_warps=$w \
+        --config quant_launch=$q 2>&1 | grep -v -i warn
+    done > $OUT/w4a4-timeline.log; grep -E "median|moe_gemm" $OUT/w4a4-timeline.log | cut -c1-160
     for mt in gpt-oss-120b:8 gpt-oss-120b:64 kimi-k2:8; do
       timeout 60 python3 tools/chain_timeline.py --model ${mt%:*} --tokens ${mt#*:} --backend triton_bitplace_gluon \
         --scheme w_mxfp4 --replays 20 2>&1 | grep -v -i warn
