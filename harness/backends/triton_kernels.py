@@ -227,9 +227,10 @@ def _nvfp4_tile(x_ptr, s_dec_ptr, n_rows, n_cols, BLOCK_M: tl.constexpr, pid_r, 
 
 
 @_device
-def _nvfp4_blocks(x, s_dec, AXIS: tl.constexpr):
-    """NVFP4 of fp32 x in blocks of 16 along its last axis AXIS: E2M1 codes, the E4M3 block-scale codes (AXIS
-    reduced) and the values e2m1 x stored, exact in bf16 (s_dec, the fp32 tensor scale, is the GEMM's)."""
+def _nvfp4_scaled(x, s_dec, AXIS: tl.constexpr):
+    """The NVFP4 block scale of fp32 x in blocks of 16 along its last axis AXIS: the E4M3 block-scale codes (AXIS
+    reduced), their values (AXIS kept) and x / fl(value * s_dec), the quotient E2M1 rounds (s_dec: the fp32 tensor
+    scale, s_enc = fl(1 / s_dec))."""
     s_enc = tl.math.div_rn(1.0, s_dec)
     amax = tl.max(tl.abs(x), axis=AXIS)
     block = tl.math.div_rn(amax, 6.0) * s_enc
@@ -237,9 +238,39 @@ def _nvfp4_blocks(x, s_dec, AXIS: tl.constexpr):
     stored_v = tl.expand_dims(_decode(stored, 4, 3, 7), AXIS)
     denom = stored_v * s_dec
     safe = tl.where(denom == 0, 1.0, denom)
-    xs = tl.where(denom == 0, x * 0.0, tl.math.div_rn(x, safe))
+    return stored, stored_v, tl.where(denom == 0, x * 0.0, tl.math.div_rn(x, safe))
+
+
+@_device
+def _nvfp4_blocks(x, s_dec, AXIS: tl.constexpr):
+    """NVFP4 of fp32 x in blocks of 16 along its last axis AXIS: E2M1 codes, the E4M3 block-scale codes (AXIS
+    reduced) and the values e2m1 x stored, exact in bf16 (s_dec, the fp32 tensor scale, is the GEMM's)."""
+    stored, stored_v, xs = _nvfp4_scaled(x, s_dec, AXIS)
     codes = _encode(xs, 1.0, 1, 0, 2, 7, 8, False)  # E2M1: mbits 1, emin 0, emax 2, max 0x7
     return codes, stored, _decode(codes, 2, 1, 1) * stored_v
+
+
+@_device
+def _nvfp4_block_values(x, s_dec, AXIS: tl.constexpr):
+    """_nvfp4_blocks' values alone (a GEMM epilogue's, which stores no codes): the same bits without the code's
+    integer round trip (_e2m1_round)."""
+    _, stored_v, xs = _nvfp4_scaled(x, s_dec, AXIS)
+    return _e2m1_round(xs) * stored_v
+
+
+@_device
+def _e2m1_round(x):
+    """x (fp32, finite or infinite) rounded to the nearest E2M1 value (ties to even), saturating at +-6, sign kept
+    (-0.0 too): the value of _encode(x, 1.0, 1, 0, 2, 7, 8, False), from the same rounding add as _encode_mag (the
+    quantum 2^(e - 1) of x's exponent e clamped to [0, 3]) and a clip, with no code computed."""
+    bits = x.to(tl.int32, bitcast=True)
+    y = (bits & 0x7FFFFFFF).to(tl.float32, bitcast=True)
+    e_bits = tl.minimum(tl.maximum(bits & 0x7F800000, 127 << 23), 130 << 23)
+    c = (e_bits + (22 << 23)).to(tl.float32, bitcast=True)
+    # 8 (from [4, 8) and above) and +Inf saturate to 6 as the code does (MAX_CODE 7); 6.0 in y's layout (no tl.full
+    # in a Gluon kernel's epilogue)
+    mag = tl.minimum((y + c) - c, _exp2i(e_bits * 0 + 2) * 1.5)
+    return (mag.to(tl.int32, bitcast=True) | (bits & -2147483648)).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -1048,7 +1079,7 @@ def _epilogue(acc_g, acc_u, pair, m_mask, n_offs, n_mask, g_row, u_row, expert, 
         tl.static_assert(COLS % 16 == 0, "whole 16-column NVFP4 blocks per program")
         # columns past N_OUT are zero, as nvfp4_quantize_kernel's masked loads are (N_OUT is whole blocks anyway)
         y3 = tl.reshape(tl.where(n_mask[None, :], y, 0.0), (ROWS, COLS // 16, 16))
-        _, _, v = _nvfp4_blocks(y3, tl.load(q_scale_ptr), 2)
+        v = _nvfp4_block_values(y3, tl.load(q_scale_ptr), 2)
         y = tl.reshape(v, (ROWS, COLS))
     out_offs = pair.to(tl.int64)[:, None] * N_OUT + n_offs[None, :]
     tl.store(out_ptr + out_offs, f32_to_bf16(y), mask=m_mask[:, None] & n_mask[None, :])
