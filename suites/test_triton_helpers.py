@@ -43,33 +43,40 @@ def test_round_bf16_rounds_like_torch_and_keeps_every_nan_a_nan():
 
 
 @triton.jit
-def _e2m1_round_kernel(x_ptr, out_ptr, code_value_ptr, n, BLOCK: tl.constexpr):
+def _round_to_format_kernel(x_ptr, out_ptr, code_value_ptr, n, MBITS: tl.constexpr, EMIN: tl.constexpr,
+                            EMAX: tl.constexpr, MAX_MANTISSA: tl.constexpr, MAX_CODE: tl.constexpr,
+                            EBITS: tl.constexpr, BIAS: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     x = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
-    tl.store(out_ptr + offs, K._e2m1_round(x), mask=offs < n)
-    code_value = K._decode(K._encode(x, 1.0, 1, 0, 2, 7, 8, False), 2, 1, 1)
+    tl.store(out_ptr + offs, K._round_to_format(x, MBITS, EMIN, EMAX, MAX_MANTISSA), mask=offs < n)
+    sign_bit: tl.constexpr = 1 << (EBITS + MBITS)
+    code_value = K._decode(K._encode(x, 1.0, MBITS, EMIN, EMAX, MAX_CODE, sign_bit, False), EBITS, MBITS, BIAS)
     tl.store(code_value_ptr + offs, code_value, mask=offs < n)
 
 
-def test_e2m1_round_gives_the_value_of_the_e2m1_code_for_every_bf16_and_each_tie():
-    """_e2m1_round (GEMM1's NVFP4 epilogue: values, no codes) against the code round trip it replaces
-    (_decode(_encode(x))) and the reference's E2M1 (reference.formats, saturating), bit for bit, sign of zero
-    included: every finite and infinite bf16 pattern, and fp32 at each E2M1 tie and one ulp either side."""
-    from reference.formats import E2M1, Overflow, decode, encode
+def test_round_to_format_gives_the_value_of_the_code_for_every_bf16_and_each_tie():
+    """_round_to_format (the NVFP4 epilogue's E2M1 values and E4M3 block scales, no codes) against the code round
+    trip it replaces (_decode(_encode(x))) and the reference's saturating encode, bit for bit, sign of zero included:
+    every finite and infinite bf16 pattern, and fp32 at each rounding tie of the format and one ulp either side."""
+    from reference.formats import E2M1, E4M3FN, Overflow, decode, encode
 
     every_bf16 = (torch.arange(1 << 16, dtype=torch.int32) << 16).view(torch.float32)
-    ties = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, 7.0, 8.0, 2.0**-149])
-    up, down = torch.nextafter(ties, torch.tensor(float("inf"))), torch.nextafter(ties, torch.tensor(0.0))
-    x = torch.cat([every_bf16, ties, up, down, -ties, -up, -down])
-    x = x[~torch.isnan(x)]
     device = default_device()
-    out, code_value = torch.empty_like(x, device=device), torch.empty_like(x, device=device)
-    _e2m1_round_kernel[(triton.cdiv(x.numel(), 4096),)](x.to(device), out, code_value, x.numel(), BLOCK=4096)
-    want = decode(encode(x, E2M1, Overflow.SATURATE), E2M1).float()
-    for name, got in (("the code round trip", code_value), ("_e2m1_round", out)):
-        bad = (got.cpu().view(torch.int32) != want.view(torch.int32)).nonzero().flatten()
-        assert bad.numel() == 0, f"{name}: {bad.numel()} differ, e.g. x={x[bad[:4]].tolist()} -> " \
-                                 f"{got.cpu()[bad[:4]].tolist()}, reference {want[bad[:4]].tolist()}"
+    # (format, mbits, emin, emax, largest value's mantissa, largest code, ebits, bias)
+    for fmt, params in ((E2M1, (1, 0, 2, 1.5, 0x7, 2, 1)), (E4M3FN, (3, -6, 8, 1.75, 0x7E, 4, 7))):
+        grid = decode(torch.arange(params[4] + 1, dtype=torch.uint8), fmt).float()
+        ties = torch.cat([(grid[1:] + grid[:-1]) / 2, grid[-1:] * 1.25, torch.tensor([2.0**-149])])
+        up, down = torch.nextafter(ties, torch.tensor(float("inf"))), torch.nextafter(ties, torch.tensor(0.0))
+        x = torch.cat([every_bf16, ties, up, down, -ties, -up, -down])
+        x = x[~torch.isnan(x)]
+        out, code_value = torch.empty_like(x, device=device), torch.empty_like(x, device=device)
+        _round_to_format_kernel[(triton.cdiv(x.numel(), 4096),)](x.to(device), out, code_value, x.numel(), *params,
+                                                                BLOCK=4096)
+        want = decode(encode(x, fmt, Overflow.SATURATE), fmt).float()
+        for name, got in (("the code round trip", code_value), ("_round_to_format", out)):
+            bad = (got.cpu().view(torch.int32) != want.view(torch.int32)).nonzero().flatten()
+            assert bad.numel() == 0, f"{fmt.name} by {name}: {bad.numel()} differ, e.g. x={x[bad[:4]].tolist()} -> " \
+                                     f"{got.cpu()[bad[:4]].tolist()}, reference {want[bad[:4]].tolist()}"
 
 
 def _routings():

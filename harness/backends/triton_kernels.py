@@ -117,18 +117,38 @@ def f32_to_bf16(x):
 
 
 @_device
-def _encode_mag(y, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr):
-    """Magnitude code of y >= 0 (fp32, finite or +Inf) in a format (mbits, emin, emax), RNE, saturated."""
+def _grid_round(y, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr):
+    """y >= 0 (fp32, finite or +Inf) rounded to a format's grid (mbits, emin, emax), RNE, before saturation: the
+    quantum 2^(e - MBITS) of y's exponent e clamped to [EMIN, EMAX + 1], by one rounding add. Also e_bits, that
+    exponent in fp32's field."""
     e_bits = y.to(tl.int32, bitcast=True) & 0x7F800000
     e_bits = tl.minimum(tl.maximum(e_bits, (EMIN + 127) << 23), (EMAX + 1 + 127) << 23)
     c = (e_bits + ((23 - MBITS) << 23)).to(tl.float32, bitcast=True)
-    rounded = (y + c) - c
+    return e_bits, (y + c) - c
+
+
+@_device
+def _encode_mag(y, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr):
+    """Magnitude code of y >= 0 (fp32, finite or +Inf) in a format (mbits, emin, emax), RNE, saturated."""
+    e_bits, rounded = _grid_round(y, MBITS, EMIN, EMAX)
     # 2^(EMAX + 2) in e_bits' shape and layout (tl.full has none to give in a Gluon kernel's epilogue)
     clipped = tl.minimum(rounded, _exp2i(e_bits * 0 + (EMAX + 2)))
     inv_quantum = (((MBITS + 254) - (e_bits >> 23)) << 23).to(tl.float32, bitcast=True)
     n = (clipped * inv_quantum).to(tl.int32)
     code = ((e_bits >> 23) - (127 + EMIN)) * (1 << MBITS) + n
     return tl.minimum(code, MAX_CODE)
+
+
+@_device
+def _round_to_format(x, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_MANTISSA: tl.constexpr):
+    """x (fp32, finite or infinite) as the value of its code in a format without Inf or NaN codes, sign kept (-0.0
+    too), saturating at +-MAX_MANTISSA x 2^EMAX: _decode(_encode(x, 1.0, ...)) for a GEMM epilogue's values, from
+    _encode_mag's rounding add and a clip, with no code computed."""
+    bits = x.to(tl.int32, bitcast=True)
+    e_bits, rounded = _grid_round((bits & 0x7FFFFFFF).to(tl.float32, bitcast=True), MBITS, EMIN, EMAX)
+    # what rounds past the largest value saturates to it as the code does, +Inf too (in e_bits' layout: no tl.full)
+    mag = tl.minimum(rounded, _exp2i(e_bits * 0 + EMAX) * MAX_MANTISSA)
+    return (mag.to(tl.int32, bitcast=True) | (bits & -2147483648)).to(tl.float32, bitcast=True)
 
 
 @_device
@@ -227,15 +247,19 @@ def _nvfp4_tile(x_ptr, s_dec_ptr, n_rows, n_cols, BLOCK_M: tl.constexpr, pid_r, 
 
 
 @_device
-def _nvfp4_scaled(x, s_dec, AXIS: tl.constexpr):
+def _nvfp4_scaled(x, s_dec, AXIS: tl.constexpr, CODES: tl.constexpr):
     """The NVFP4 block scale of fp32 x in blocks of 16 along its last axis AXIS: the E4M3 block-scale codes (AXIS
-    reduced), their values (AXIS kept) and x / fl(value * s_dec), the quotient E2M1 rounds (s_dec: the fp32 tensor
-    scale, s_enc = fl(1 / s_dec))."""
+    reduced; 0 unless CODES), their values (AXIS kept) and x / fl(value * s_dec), the quotient E2M1 rounds (s_dec:
+    the fp32 tensor scale, s_enc = fl(1 / s_dec))."""
     s_enc = tl.math.div_rn(1.0, s_dec)
     amax = tl.max(tl.abs(x), axis=AXIS)
     block = tl.math.div_rn(amax, 6.0) * s_enc
-    stored = _encode(block, 1.0, 3, -6, 8, 126, 128, False)  # E4M3FN: mbits 3, emin -6, emax 8, max 0x7E
-    stored_v = tl.expand_dims(_decode(stored, 4, 3, 7), AXIS)
+    if CODES:
+        stored = _encode(block, 1.0, 3, -6, 8, 126, 128, False)  # E4M3FN: mbits 3, emin -6, emax 8, max 0x7E
+        stored_v = tl.expand_dims(_decode(stored, 4, 3, 7), AXIS)
+    else:
+        stored = 0
+        stored_v = tl.expand_dims(_round_to_format(block, 3, -6, 8, 1.75), AXIS)  # the same value, 448 at most
     denom = stored_v * s_dec
     safe = tl.where(denom == 0, 1.0, denom)
     return stored, stored_v, tl.where(denom == 0, x * 0.0, tl.math.div_rn(x, safe))
@@ -245,32 +269,17 @@ def _nvfp4_scaled(x, s_dec, AXIS: tl.constexpr):
 def _nvfp4_blocks(x, s_dec, AXIS: tl.constexpr):
     """NVFP4 of fp32 x in blocks of 16 along its last axis AXIS: E2M1 codes, the E4M3 block-scale codes (AXIS
     reduced) and the values e2m1 x stored, exact in bf16 (s_dec, the fp32 tensor scale, is the GEMM's)."""
-    stored, stored_v, xs = _nvfp4_scaled(x, s_dec, AXIS)
+    stored, stored_v, xs = _nvfp4_scaled(x, s_dec, AXIS, True)
     codes = _encode(xs, 1.0, 1, 0, 2, 7, 8, False)  # E2M1: mbits 1, emin 0, emax 2, max 0x7
     return codes, stored, _decode(codes, 2, 1, 1) * stored_v
 
 
 @_device
 def _nvfp4_block_values(x, s_dec, AXIS: tl.constexpr):
-    """_nvfp4_blocks' values alone (a GEMM epilogue's, which stores no codes): the same bits without the code's
-    integer round trip (_e2m1_round)."""
-    _, stored_v, xs = _nvfp4_scaled(x, s_dec, AXIS)
-    return _e2m1_round(xs) * stored_v
-
-
-@_device
-def _e2m1_round(x):
-    """x (fp32, finite or infinite) rounded to the nearest E2M1 value (ties to even), saturating at +-6, sign kept
-    (-0.0 too): the value of _encode(x, 1.0, 1, 0, 2, 7, 8, False), from the same rounding add as _encode_mag (the
-    quantum 2^(e - 1) of x's exponent e clamped to [0, 3]) and a clip, with no code computed."""
-    bits = x.to(tl.int32, bitcast=True)
-    y = (bits & 0x7FFFFFFF).to(tl.float32, bitcast=True)
-    e_bits = tl.minimum(tl.maximum(bits & 0x7F800000, 127 << 23), 130 << 23)
-    c = (e_bits + (22 << 23)).to(tl.float32, bitcast=True)
-    # 8 (from [4, 8) and above) and +Inf saturate to 6 as the code does (MAX_CODE 7); 6.0 in y's layout (no tl.full
-    # in a Gluon kernel's epilogue)
-    mag = tl.minimum((y + c) - c, _exp2i(e_bits * 0 + 2) * 1.5)
-    return (mag.to(tl.int32, bitcast=True) | (bits & -2147483648)).to(tl.float32, bitcast=True)
+    """_nvfp4_blocks' values alone (a GEMM epilogue's, which stores no codes): the same bits without the codes'
+    integer round trips (_round_to_format)."""
+    _, stored_v, xs = _nvfp4_scaled(x, s_dec, AXIS, False)
+    return _round_to_format(xs, 1, 0, 2, 1.5) * stored_v  # E2M1: 6 at most
 
 
 @triton.jit
