@@ -586,13 +586,13 @@ def test_the_decode_row_splits_k_until_gemm1_fills_the_gpu(monkeypatch):
 
 
 def test_the_prefill_rows_are_chosen_by_weight_and_activation_kinds(monkeypatch):
-    """BITPLACE_TILES' prefill rows differ by scheme, not only by weight kind (results/gpu-issue28/run-28): NVFP4 W4A16
-    on 8 warps and 128 weight rows, NVFP4 W4A4 on 64-row tiles, MXFP4 (any activations) on the catch-all; the forward
-    looks its row up by the checkpoint's (weight, activation) kinds. Every row is one the kernel can launch: K steps
-    of one 128-value chunk, N tiles a multiple of 64 rows a warpgroup."""
+    """BITPLACE_TILES' prefill rows by the checkpoint's (weight, activation) kinds: NVFP4 (W4A16 and W4A4,
+    results/gpu-issue28/run-28 and run-30) on 8 warps and 128 weight rows, MXFP4 (any activations) on the catch-all;
+    a row may name a (weight, activation) pair, which matches that scheme only. Every row is one the kernel can launch:
+    K steps of one 128-value chunk, N tiles a multiple of 64 rows a warpgroup."""
     from harness.backends import triton_kernels
     from harness.backends.triton_bitplace import BITPLACE_TILES, TritonBitplaceBackend
-    from harness.backends.triton_emulation import scheme_kinds
+    from harness.backends.triton_emulation import scheme_kinds, table_row_matches
     from reference.quantizers import MX, NVFP4
     from reference.schemes import scheme_by_name
 
@@ -603,7 +603,9 @@ def test_the_prefill_rows_are_chosen_by_weight_and_activation_kinds(monkeypatch)
     assert scheme_kinds(scheme_by_name("w_nvfp4_a_nvfp4")) == (NVFP4, NVFP4)
     assert scheme_kinds(scheme_by_name("w_mxfp4")) == (MX, None)
     assert (rows["w_nvfp4"]["num_warps"], rows["w_nvfp4"]["block_n"], rows["w_nvfp4"]["block_m"]) == (8, 128, 128)
-    assert rows["w_nvfp4_a_nvfp4"]["block_m"] == 64 and rows["w_nvfp4_a_nvfp4"]["num_warps"] == 4
+    assert rows["w_nvfp4_a_nvfp4"] == rows["w_nvfp4"]
+    assert table_row_matches(((NVFP4, NVFP4),), NVFP4, NVFP4) and not table_row_matches(((NVFP4, NVFP4),), NVFP4, None)
+    assert table_row_matches((NVFP4,), NVFP4, NVFP4) and not table_row_matches((NVFP4,), MX, None)
     assert rows["w_mxfp4"] == rows["w_mxfp4_a_mxfp4"] == BITPLACE_TILES[-1][2]
     assert backend.tile_config(16, NVFP4, None) == backend.tile_config(16, NVFP4, NVFP4) == BITPLACE_TILES[0][2]
     for _, _, row in BITPLACE_TILES:

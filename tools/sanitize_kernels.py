@@ -74,8 +74,9 @@ def main() -> int:
                                  # NVFP4 W4A16's prefill row (128 rows, 8 warps; every expert's rows in 32-row tails)
                                  (_bitplace().configure(block_m=128, block_n=128, block_k=128, num_warps=8,
                                                         num_stages=3, group_m=8, tail_m=32), "w_nvfp4", "SWIGLUOAI"),
-                                 # W4A4's (64 rows, 32-row tails: the epilogue's NVFP4 quantization on tail blocks)
-                                 (_bitplace().configure(block_m=64, block_n=64, block_k=128, num_warps=4,
+                                 # W4A4's, the same row since run-30 (the epilogue's NVFP4 quantization of GEMM2's
+                                 # input on 8 warps, on full and 32-row tail blocks)
+                                 (_bitplace().configure(block_m=128, block_n=128, block_k=128, num_warps=8,
                                                         num_stages=3, group_m=8, tail_m=32), "w_nvfp4_a_nvfp4",
                                   "SWIGLUOAI"),
                                  # the layout with rows one by one (issue 28's A/B switch; row pairs are the default)

@@ -71,14 +71,14 @@ SERIAL_K = os.environ.get("MOE_CONFORMANCE_SERIAL_K", "0") == "1"
 # weight rows on 8 warps spend that one program's shared memory on twice the MMA work: gpt-oss-120b 5620 (64 rows)
 # -> 5138 (128 rows, 4 warps) -> 4690 us (8 warps), Kimi-K2 18992 -> 18679 -> 17075 us; 2 stages (73 KB, 2 programs)
 # 5129 / 19561 us; inline tails slower (these tiles with 64-row tails compiled on the H200 in run-20/wide: conformance
-# and special values of MXFP4 and NVFP4 at every size, 106 passed, 3 skipped, none failed). NVFP4 W4A4 keeps 64 rows: 8 warps won on Kimi-K2 (18709 -> 17549 us) but lost
-# on gpt-oss-120b (5598 -> 6157; 128 rows, 4 warps, 2 stages 5812); with 32-row tails (fit_tail_m's only choice under
-# 64 rows; run-27: gpt-oss-120b 5765 -> 5598 us, Kimi-K2 19389 -> 18992; inline 5706 / 18709). (At 128 rows by TMA its activations raced when
-# compiled, run-17 to run-23: refused, _gemm.) (max pairs, kinds or None, tiles; triton_emulation.table_row_matches).
+# and special values of MXFP4 and NVFP4 at every size, 106 passed, 3 skipped, none failed). NVFP4 W4A4 takes the same
+# row since GEMM1's epilogue computes GEMM2's NVFP4 input by _round_to_format (8952 -> 7616 SASS at 128 rows): before,
+# 8 warps lost on gpt-oss-120b (5598 -> 6157 us, run-28) and W4A4 ran on 64-row tiles; after (results/gpu-issue28/run-30
+# PART=w4a4, an H100, one sweep): 64 rows 5747 -> 128 rows on 8 warps 4891 us (gpt-oss-120b, 32-row tails), Kimi-K2
+# 19082 -> 17196 (64-row tails); quantizing in its own launch (quant_launch 1) 4877 / 17974. (At 128 rows by TMA its
+# activations raced when compiled, run-17 to run-23: refused, _gemm.) (max pairs, kinds or None, tiles; triton_emulation.table_row_matches).
 BITPLACE_TILES = (
     (1024, None, dict(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=3, split_k_programs=512)),
-    (1 << 62, ((NVFP4, NVFP4),), dict(block_m=64, block_n=64, block_k=128, num_warps=4, num_stages=3, group_m=8,
-                                      fit_tail_m=1)),
     (1 << 62, (NVFP4,), dict(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=3, group_m=8,
                              fit_tail_m=1)),
     (1 << 62, None, dict(block_m=128, block_n=64, block_k=128, num_warps=4, num_stages=3, group_m=8, fit_tail_m=1,

@@ -13,7 +13,7 @@
 #                W4A16's (chain_timeline --config); the decode forward kernel by kernel (chain_timeline, the bench's tiles), MXFP4 gluon,
 #                gpt-oss-120b at 8 and 64 tokens (57.7 / 69.6% of copy in run-26) beside Kimi-K2 at 8 (73.4%)
 #   PART=bench   ~4 min: make bench's 8192-token rows under the judged-lower rule (run-24's PART=bench), at this tree
-#   PART=check   ~2 min (session 30): _e2m1_round (the NVFP4 epilogue's values without the code round trip) compiled,
+#   PART=check   ~2 min (session 30): _round_to_format (the NVFP4 epilogue's values without the code round trip) compiled,
 #                every bf16 against the reference; quant_launch's bits; conformance and special values of triton_bitplace
 #                on NVFP4 (the epilogue quantizes W4A4's GEMM2 input, the 8-warp W4A16 row)
 export PYTHONUNBUFFERED=1
@@ -38,7 +38,7 @@ ROWS
     ;;
   check)
     timeout 100 python3 -m pytest -p no:cacheprovider -q suites/test_triton_helpers.py \
-      -k "e2m1_round or quant_launch or round_bf16" > $OUT/helpers.log 2>&1
+      -k "round_to_format or quant_launch or round_bf16" > $OUT/helpers.log 2>&1
     echo "helpers: rc=$? $(tail -1 $OUT/helpers.log)"; grep -E "^(FAILED|ERROR)|Error" $OUT/helpers.log | head -5
     timeout 170 python3 -m pytest -p no:cacheprovider -q -n 8 -m $HOST suites/test_conformance.py \
       suites/test_special_values.py -k "triton_bitplace and nvfp4" > $OUT/conformance.log 2>&1
