@@ -81,6 +81,10 @@ class Prepared:
 # 16-pair chunks), compared with _align_torch bit for bit under the interpreter and compiled on an H200
 # (results/gpu-issue15-bitplace/run-11c19d4: 521 conformance cases with it; gpt-oss 8 tokens 230 -> 170 us).
 FUSED_ALIGN_MAX_PAIRS = 1024
+# moe_align_kernel's steps: sentinels FILL slots a store, block experts stored by expert, the pairs' slots from
+# their sorted (expert, pair) keys instead of 16-slot stores, CHUNK x BLOCK_E compares and CHUNK x BLOCK_P compares
+# a step (the kernel took 22.7 us of gpt-oss-120b's 613 us forward at 64 tokens on an H100, results/gpu-issue28/run-30)
+FUSED_ALIGN_STEPS = dict(FILL=1024, OWNER_BY_EXPERT=True, RANK_SORT=True)
 
 TILE_KEYS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "w2_block_n", "maxnreg", "mma_steps",
              "split_k", "mma_overlap", "w2_mma_overlap", "pdl", "persistent", "group_m", "tma", "tail_m",
@@ -650,7 +654,8 @@ class TritonEmulationBackend:
         programs = 1 + (triton_cdiv(quant["x_rows"], 16) * quant["x_cols"] // 16 if quant else 0)
         K.moe_align_kernel[(programs,)](flat.contiguous(), scratch, sorted_rows, block_expert, p, max_blocks,
                                         BLOCK_M=bm, BLOCK_P=max(16, triton.next_power_of_2(p)), BLOCK_E=block_e,
-                                        CHUNK=16, num_warps=4, **quant, **(dict(PDL=True) if pdl else {}))
+                                        CHUNK=16, num_warps=4, **FUSED_ALIGN_STEPS, **quant,
+                                        **(dict(PDL=True) if pdl else {}))
         return sorted_rows, block_expert
 
     def _partials_kernel(self, prep, which, a_mode, tiles, quantize_nvfp4, n_out, n_rows, k_dim):

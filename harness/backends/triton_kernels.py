@@ -1128,12 +1128,19 @@ def splitk_epilogue_kernel(part_ptr, ids_ptr, a_scale_ptr, expert_scale_ptr, bia
 def moe_align_kernel(ids_ptr, start_ptr, sorted_rows_ptr, block_expert_ptr, n_pairs, max_blocks,
                      BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK: tl.constexpr,
                      x_ptr=None, values_ptr=None, s_dec_ptr=None, x_rows=0, x_cols=16,
-                     QUANT_NVFP4: tl.constexpr = False, PDL: tl.constexpr = False):
+                     QUANT_NVFP4: tl.constexpr = False, PDL: tl.constexpr = False, FILL: tl.constexpr = 16,
+                     OWNER_BY_EXPERT: tl.constexpr = False, RANK_SORT: tl.constexpr = False):
     """The routing glue of the fused MoE in one program, for at most BLOCK_P pairs (decode): pairs (token, k) in
     expert order, stable, each expert's run padded to whole blocks of BLOCK_M with the sentinel n_pairs
     (sorted_rows, max_blocks x BLOCK_M), and the expert of each block, -1 past the used ones (block_expert).
     The same two arrays as the dozen torch ops of TritonEmulationBackend._align_torch, in one launch.
-    start_ptr: BLOCK_E int32 of scratch (each expert's first block, gathered back by expert id).
+    start_ptr: BLOCK_E int32 of scratch (per expert: its first block, or its first slot less its first rank).
+    FILL: sentinel slots a store. OWNER_BY_EXPERT: each expert's id stored into its blocks by all experts at once,
+    one block of each a step (_expert_blocks: as many steps as the most blocks an expert has, one or two at decode),
+    -1 past them FILL a store; else each block's expert counted as the experts whose blocks end at or before it
+    (CHUNK x BLOCK_E compares a step).
+    RANK_SORT: the pairs sorted by (expert, pair) in registers, the j-th at slot j + its expert's first block x
+    BLOCK_M - the pairs of earlier experts; else each pair's rank as the earlier pairs of its expert, CHUNK a step.
     QUANT_NVFP4: programs 1.. (16 rows x 16 columns each) also store GEMM1's NVFP4 activation values of x
     (nvfp4_quantize_kernel's, the same _nvfp4_tile): one launch fewer at decode (issue 28, W4A4).
     PDL: GEMM1, a programmatic dependent (PDL_ORDER), may launch at once and wait there for these arrays."""
@@ -1149,27 +1156,45 @@ def moe_align_kernel(ids_ptr, start_ptr, sorted_rows_ptr, block_expert_ptr, n_pa
     p = tl.arange(0, BLOCK_P)
     pmask = p < n_pairs
     ids = tl.load(ids_ptr + p, mask=pmask, other=0).to(tl.int32)
-    blocks = (tl.histogram(ids, BLOCK_E, mask=pmask) + BLOCK_M - 1) // BLOCK_M
+    counts = tl.histogram(ids, BLOCK_E, mask=pmask)
+    blocks = (counts + BLOCK_M - 1) // BLOCK_M
     block_end = tl.cumsum(blocks, 0)
     total = tl.sum(blocks, 0)
-    tl.store(start_ptr + tl.arange(0, BLOCK_E), block_end - blocks)
-    for s0 in range(0, max_blocks * BLOCK_M, CHUNK):
-        s = s0 + tl.arange(0, CHUNK)
-        tl.store(sorted_rows_ptr + s, tl.zeros((CHUNK,), tl.int32) + n_pairs, mask=s < max_blocks * BLOCK_M)
-    # block b belongs to the number of experts whose blocks end at or before it
-    for b0 in range(0, max_blocks, CHUNK):
-        b = b0 + tl.arange(0, CHUNK)
-        owner = tl.sum((block_end[None, :] <= b[:, None]).to(tl.int32), 1)
-        tl.store(block_expert_ptr + b, tl.where(b < total, owner, -1), mask=b < max_blocks)
+    e = tl.arange(0, BLOCK_E)
+    if RANK_SORT:
+        tl.store(start_ptr + e, (block_end - blocks) * BLOCK_M - (tl.cumsum(counts, 0) - counts))
+    else:
+        tl.store(start_ptr + e, block_end - blocks)
+    for s0 in range(0, max_blocks * BLOCK_M, FILL):
+        s = s0 + tl.arange(0, FILL)
+        tl.store(sorted_rows_ptr + s, tl.zeros((FILL,), tl.int32) + n_pairs, mask=s < max_blocks * BLOCK_M)
+    if OWNER_BY_EXPERT:
+        _expert_blocks(block_expert_ptr, block_expert_ptr, block_end - blocks, blocks, counts, BLOCK_E, max_blocks,
+                       BLOCK_M, BLOCK_M, False, BLOCK_E, FILL)
+    else:
+        # block b belongs to the number of experts whose blocks end at or before it
+        for b0 in range(0, max_blocks, CHUNK):
+            b = b0 + tl.arange(0, CHUNK)
+            owner = tl.sum((block_end[None, :] <= b[:, None]).to(tl.int32), 1)
+            tl.store(block_expert_ptr + b, tl.where(b < total, owner, -1), mask=b < max_blocks)
     tl.debug_barrier()  # the sentinels and the scratch before the pairs' slots (one program)
-    # a pair's slot: its expert's first block x BLOCK_M + the number of earlier pairs of that expert
-    rank = tl.zeros((BLOCK_P,), tl.int32)
-    for q0 in range(0, BLOCK_P, CHUNK):
-        q = q0 + tl.arange(0, CHUNK)
-        idq = tl.load(ids_ptr + q, mask=q < n_pairs, other=-1).to(tl.int32)
-        rank += tl.sum(((idq[None, :] == ids[:, None]) & (q[None, :] < p[:, None])).to(tl.int32), 1)
-    first = tl.load(start_ptr + ids, mask=pmask, other=0)
-    tl.store(sorted_rows_ptr + first * BLOCK_M + rank, p, mask=pmask)
+    if RANK_SORT:
+        # keys (expert, pair) are distinct and a pair's position in their order is its slot less its expert's
+        # offset: stable within an expert; the lanes past n_pairs sort last and store nothing
+        key = tl.sort(tl.where(pmask, ids, BLOCK_E) * BLOCK_P + p)
+        expert = key // BLOCK_P
+        valid = expert < BLOCK_E
+        offset = tl.load(start_ptr + expert, mask=valid, other=0)
+        tl.store(sorted_rows_ptr + offset + p, key % BLOCK_P, mask=valid)
+    else:
+        # a pair's slot: its expert's first block x BLOCK_M + the number of earlier pairs of that expert
+        rank = tl.zeros((BLOCK_P,), tl.int32)
+        for q0 in range(0, BLOCK_P, CHUNK):
+            q = q0 + tl.arange(0, CHUNK)
+            idq = tl.load(ids_ptr + q, mask=q < n_pairs, other=-1).to(tl.int32)
+            rank += tl.sum(((idq[None, :] == ids[:, None]) & (q[None, :] < p[:, None])).to(tl.int32), 1)
+        first = tl.load(start_ptr + ids, mask=pmask, other=0)
+        tl.store(sorted_rows_ptr + first * BLOCK_M + rank, p, mask=pmask)
 
 
 @triton.jit
