@@ -124,6 +124,15 @@ def host_info() -> HostInfo:
     return HostInfo(platform, device, torch.__version__, triton_version)
 
 
+def triton_version() -> tuple[int, int]:
+    """The installed Triton's (major, minor): a tile that one Triton release compiles well and another does not is
+    chosen here, in one place (harness.backends.triton_bitplace.EIGHT_WARP_BITPLACE_TRITON)."""
+    import triton
+
+    major, minor = triton.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
 def detect_platform() -> Platform:
     """The platform this machine is (cpu when no GPU is visible)."""
     return host_info().platform

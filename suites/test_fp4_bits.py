@@ -588,7 +588,8 @@ def test_the_decode_row_splits_k_until_gemm1_fills_the_gpu(monkeypatch):
 def test_the_prefill_rows_are_chosen_by_weight_and_activation_kinds(monkeypatch):
     """BITPLACE_TILES' prefill rows by the checkpoint's (weight, activation) kinds: NVFP4 (W4A16 and W4A4,
     results/gpu-issue28/run-28 and run-30) on 8 warps and 128 weight rows, MXFP4 (any activations) on the catch-all;
-    a row may name a (weight, activation) pair, which matches that scheme only. Every row is one the kernel can launch:
+    a row may name a (weight, activation) pair, which matches that scheme only; the 8-warp row only with a Triton that
+    keeps its wgmma asynchronous (EIGHT_WARP_BITPLACE_TRITON). Every row is one the kernel can launch:
     K steps of one 128-value chunk, N tiles a multiple of 64 rows a warpgroup."""
     from harness.backends import triton_kernels
     from harness.backends.triton_bitplace import BITPLACE_TILES, TritonBitplaceBackend
@@ -596,14 +597,19 @@ def test_the_prefill_rows_are_chosen_by_weight_and_activation_kinds(monkeypatch)
     from reference.quantizers import MX, NVFP4
     from reference.schemes import scheme_by_name
 
+    from harness.backends import triton_bitplace
+
     monkeypatch.setattr(triton_kernels, "INTERPRET", False)  # the GPU's tile table
     backend = TritonBitplaceBackend()
-    rows = {name: backend.tile_config(8192 * 4, *scheme_kinds(scheme_by_name(name)))
-            for name in ("w_mxfp4", "w_mxfp4_a_mxfp4", "w_nvfp4", "w_nvfp4_a_nvfp4")}
     assert scheme_kinds(scheme_by_name("w_nvfp4_a_nvfp4")) == (NVFP4, NVFP4)
     assert scheme_kinds(scheme_by_name("w_mxfp4")) == (MX, None)
-    assert (rows["w_nvfp4"]["num_warps"], rows["w_nvfp4"]["block_n"], rows["w_nvfp4"]["block_m"]) == (8, 128, 128)
-    assert rows["w_nvfp4_a_nvfp4"] == rows["w_nvfp4"]
+    # NVFP4 on 8 warps with the Triton it was measured with, on 4 with one that serializes that loop's wgmma
+    for version, warps_n in (((3, 6), (8, 128)), ((3, 9), (4, 64))):
+        monkeypatch.setattr(triton_bitplace, "triton_version", lambda: version)
+        rows = {name: backend.tile_config(8192 * 4, *scheme_kinds(scheme_by_name(name)))
+                for name in ("w_mxfp4", "w_mxfp4_a_mxfp4", "w_nvfp4", "w_nvfp4_a_nvfp4")}
+        assert (rows["w_nvfp4"]["num_warps"], rows["w_nvfp4"]["block_n"], rows["w_nvfp4"]["block_m"]) == (*warps_n, 128)
+        assert rows["w_nvfp4_a_nvfp4"] == rows["w_nvfp4"]
     assert table_row_matches(((NVFP4, NVFP4),), NVFP4, NVFP4) and not table_row_matches(((NVFP4, NVFP4),), NVFP4, None)
     assert table_row_matches((NVFP4,), NVFP4, NVFP4) and not table_row_matches((NVFP4,), MX, None)
     assert rows["w_mxfp4"] == rows["w_mxfp4_a_mxfp4"] == BITPLACE_TILES[-1][2]
