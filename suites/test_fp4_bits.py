@@ -522,6 +522,48 @@ def test_the_kernel_places_every_code_at_every_position_of_a_word():
         assert torch.equal(got >> 16, placed[:, p + 4]), p
 
 
+@pytest.mark.parametrize("tiles", [dict(block_m=16, split_k=1), dict(block_m=16, split_k=3), dict(block_m=32, split_k=1,
+                                   block_n=128, num_warps=8)], ids=["one_split", "split_k_empty_splits", "eight_warps"])
+@pytest.mark.parametrize("scheme,act", [("w_nvfp4", "SWIGLUOAI"), ("w_nvfp4_a_nvfp4", "SILU"), ("w_mxfp4", "SILU")])
+def test_scales_loaded_a_step_ahead_give_the_bits_of_the_pipelined_loads(scheme, act, tiles, monkeypatch):
+    """scale_regs 1 (the K loop's SCALE_REGS: each chunk's block scales loaded one step ahead into registers, the
+    first before the loop, the last step reading its own chunk again) gives the outputs of scale_regs 0 bit for bit,
+    both GEMMs, K with tails (H = 416: 4 chunks, the last a quarter; I = 96), N not a multiple of the tile, 3 splits
+    of 2 chunks, the last empty; a loop that decoded a chunk with the next chunk's scales, or the first chunk's
+    throughout, fails it.
+    The GEMM launches are checked to carry the flag, so the prefetching loop is what ran."""
+    from harness.backends import triton_kernels as K
+    from harness.backends.triton_bitplace import TritonBitplaceBackend
+    from harness.core.conformance import Shape, backend_shape, case_checkpoint, case_inputs
+
+    real, flags = K.moe_gemm_kernel, []
+
+    class _Flags:  # runs each launch, recording its SCALE_REGS
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                flags.append(kwargs.get("SCALE_REGS", False))
+                return real[grid](*args, **kwargs)
+            return launch
+
+    outs = []
+    for scale_regs in (0, 1):
+        flags.clear()
+        monkeypatch.setattr(K, "moe_gemm_kernel", _Flags())
+        backend = TritonBitplaceBackend().configure(block_k=128, num_stages=2, scale_regs=scale_regs,
+                                                    **{"block_n": 64, "num_warps": 4, **tiles})
+        shape = backend_shape(backend, Shape(num_experts=5, hidden_size=416, intermediate_size=96, tokens=9, top_k=3))
+        ckpt = case_checkpoint(scheme, act, "e4m3fn", shape, seed=7, bias=True)
+        x, w, ids = case_inputs(shape, 5)
+        outs.append(backend.forward(backend.prepare(ckpt), x, w, ids))
+        monkeypatch.undo()
+        assert flags == [bool(scale_regs)] * 2, flags  # GEMM1 and GEMM2
+    with pytest.raises(ValueError, match="scale_regs 1 takes mma_steps 1"):
+        backend.configure(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=2, scale_regs=1, mma_steps=2)
+        backend.forward(backend.prepare(ckpt), x, w, ids)
+    assert outs[1].abs().sum() > 0
+    assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
+
+
 # ~2.8 s an example under the interpreter: the ci profile (make test, 2 cores) takes 4, dev and nightly more
 @settings(max_examples=moe_property_examples(4 if settings.get_current_profile_name() == "ci" else 12), deadline=None)
 @given(scheme=st.sampled_from(["w_mxfp4", "w_nvfp4", "w_nvfp4_a_nvfp4", "w_mxfp4_a_mxfp4"]),

@@ -89,6 +89,10 @@ def capture_gemm1(scheme: str, backend_name: str, model: str, tokens: int, over:
     # layout whatever the values, and only GEMM1's launch is wanted
     backend._quantize_activation = lambda x2, scale, aq, fmt: ((x2, 0, x2) if aq is None else
                                                                (x2.to(torch.bfloat16), 1, torch.ones(1)))
+    if over and not gluon:  # the table's tiles at the model's pair count, the given keys over them (launch flags too)
+        kinds = scheme_kinds(ckpt.scheme)
+        backend.configure(**{k: v for k, v in dict(backend.tile_config(tokens * shape.top_k, *kinds), **over).items()
+                             if k in triton_emulation.TILE_KEYS})
     torch_align, triton_emulation.PREFILL_ALIGN_TORCH = triton_emulation.PREFILL_ALIGN_TORCH, True  # prefill's likewise
     try:
         backend.forward(backend.prepare(ckpt), x, w.float(), ids)
@@ -130,12 +134,12 @@ def main(argv=None) -> int:
     ap.add_argument("--path", action="append", metavar="SCHEME/BACKEND", help=f"only these (default: {PATHS})")
     ap.add_argument("--sass", metavar="DIR", help="write each loop's SASS there, with its opcode histogram")
     ap.add_argument("--tiles", action="append", default=[], metavar="KEY=INT",
-                    help="tile keys over the table's (block_m, block_n, num_warps, num_stages)")
+                    help="tile keys over the table's (any of triton_emulation.TILE_KEYS)")
     args = ap.parse_args(argv)
     over = {k: int(v) for k, v in (t.split("=", 1) for t in args.tiles)}
-    unknown = set(over) - {"block_m", "block_n", "block_k", "num_warps", "num_stages"}
+    unknown = set(over) - set(triton_emulation.TILE_KEYS)
     if unknown:
-        ap.error(f"--tiles: unknown keys {sorted(unknown)} (block_m, block_n, block_k, num_warps, num_stages)")
+        ap.error(f"--tiles: unknown keys {sorted(unknown)} (backend.configure's: {triton_emulation.TILE_KEYS})")
     if over and any(p.endswith("+gluon") for p in args.path or []):
         ap.error("--tiles: moe_gemm_kernel's tiles only (the Gluon decode GEMM's launch is captured as it is)")
     rows = []

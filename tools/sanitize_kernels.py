@@ -146,6 +146,14 @@ def main() -> int:
                                                                      warp_spec=1), "bf16", "SILU"),
                                  (_bitplace().configure(**_PREFILL_FP4_TMA), "w_mxfp4", "SWIGLUOAI"),
                                  (_bitplace().configure(**_PREFILL_FP4_TMA), "w_nvfp4_a_nvfp4", "SILU"),
+                                 # block scales a K step ahead by plain loads (scale_regs: rows past N read the
+                                 # last row's words, the first and last chunks' addresses), split 3 ways too
+                                 (_bitplace().configure(block_m=32, block_n=64, block_k=128, num_warps=4,
+                                                        num_stages=3, group_m=2, scale_regs=1), "w_nvfp4_a_nvfp4",
+                                  "SILU"),
+                                 (_bitplace().configure(block_m=16, block_n=128, block_k=128, num_warps=8,
+                                                        num_stages=3, split_k=3, scale_regs=1), "w_mxfp4",
+                                  "SWIGLUOAI"),
                                  # tail_m: no expert fills a 32-row block here, every row in the tail launch
                                  (TritonEmulationBackend().configure(**{**_PREFILL_BF16_TMA, "block_m": 32},
                                                                      tail_m=16), "bf16", "SWIGLUOAI"),

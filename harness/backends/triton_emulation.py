@@ -88,7 +88,7 @@ FUSED_ALIGN_STEPS = dict(FILL=1024, OWNER_BY_EXPERT=True, RANK_SORT=True)
 
 TILE_KEYS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "w2_block_n", "maxnreg", "mma_steps",
              "split_k", "mma_overlap", "w2_mma_overlap", "pdl", "persistent", "group_m", "tma", "tail_m",
-             "serial_k", "warp_spec", "inline_tails", "quant_launch")
+             "serial_k", "warp_spec", "inline_tails", "quant_launch", "scale_regs")
 # optional keys: w2_block_n (GEMM2's N tile where it differs from GEMM1's), maxnreg (a register cap per thread, so
 # that more programs fit on a multiprocessor; 0 = the compiler's choice), mma_steps (triton_bitplace: MMA steps per
 # 128-value chunk, 1 or 2; 2 holds half the decoded tile in registers), split_k (triton_bitplace: the K chunks
@@ -119,7 +119,9 @@ TILE_KEYS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "w2_blo
 # kernel's TAIL_M; not with tma 1, warp_spec or a persistent grid), quant_launch (NVFP4 W4A4: 1 quantizes each GEMM's
 # input in its own nvfp4_quantize_kernel launch, not in the routing launch (decode) and GEMM1's epilogue; the same
 # bits: at prefill a tile that holds a multiprocessor alone cannot hide that epilogue under another program's K loop),
-# and
+# scale_regs (the bit-placement loop, mma_steps 1: 1 loads each K step's block scales one step ahead into registers
+# by plain loads, not through the pipeline's shared-memory buffers: the kernel's SCALE_REGS, the same bits; NVFP4's
+# 128-row 4-warp GEMM1 then takes 112 KB, not 114, and two programs fit a multiprocessor), and
 # split_k_programs instead: split_k then is the fewest splits that give GEMM1 that many programs (split_k_to_fill),
 # and pdl_bytes: pdl 1 where GEMM2's weights of the call (one expert a pair at most) are at most that many bytes,
 # else 2
@@ -709,6 +711,11 @@ class TritonEmulationBackend:
         launch_options = dict(SEPARATE_ROUNDINGS, **({"maxnreg": tiles["maxnreg"]} if tiles.get("maxnreg") else {}))
         if tiles.get("mma_steps"):
             launch_options["MMA_STEPS"] = tiles["mma_steps"]
+        if tiles.get("scale_regs") and prep.constexprs.get("BITPLACE"):
+            if (tiles.get("mma_steps") or 1) != 1:
+                raise ValueError(f"scale_regs 1 takes mma_steps 1 (one K step a 128-value chunk, whose scales it "
+                                 f"loads a step ahead), got mma_steps {tiles['mma_steps']}")
+            launch_options["SCALE_REGS"] = True
         if tiles.get("group_m"):
             launch_options["GROUP_M"] = tiles["group_m"]
         # split-K (the bit-placement loop only): fp32 partial sums of each K range, then one epilogue kernel

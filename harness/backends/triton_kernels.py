@@ -413,8 +413,65 @@ def _to_mma_order(x, REPS: tl.constexpr, INNER: tl.constexpr):
 def _fp4_bitplace_tile(w_ptr, ws_ptr, expert, n0, ROW_MUL: tl.constexpr, ROW_ADD, n_limit, ci, N_ROWS, K,
                        W_KIND: tl.constexpr, REPS: tl.constexpr, INTERPRET_DOT: tl.constexpr, QW: tl.constexpr = 4,
                        QH: tl.constexpr = 0, ROW_PAIRS: tl.constexpr = False, NV_NORMAL: tl.constexpr = False):
+    """_fp4_bitplace_decode of the block scale words _fp4_scale_words loads for the same rows and chunk."""
+    sw = _fp4_scale_words(ws_ptr, expert, n0, ROW_MUL, ROW_ADD, n_limit, ci, N_ROWS, K, W_KIND, REPS, QW, QH,
+                          ROW_PAIRS, False)
+    return _fp4_bitplace_decode(w_ptr, sw, expert, n0, ROW_MUL, ROW_ADD, n_limit, ci, N_ROWS, K, W_KIND, REPS,
+                                INTERPRET_DOT, QW, QH, ROW_PAIRS, NV_NORMAL)
+
+
+@_device
+def _fp4_scale_words(ws_ptr, expert, n0, ROW_MUL: tl.constexpr, ROW_ADD, n_limit, ci, N_ROWS, K, W_KIND: tl.constexpr,
+                     REPS: tl.constexpr, QW: tl.constexpr, QH: tl.constexpr, ROW_PAIRS: tl.constexpr,
+                     BY_REGISTERS: tl.constexpr):
+    """The block scales of _fp4_bitplace_decode's rows and chunk ci, as the int32 words prepare() stored: 4 (MX,
+    32 values) or 8 (NVFP4, 16 values) bytes per chunk and row, loaded in the rows' order of the codes (no layout
+    conversion); MX [8, 4, REPS, 2] (one word), NVFP4 [8, 4, REPS, 2, QW / 2]; rows past n_limit 0.
+    BY_REGISTERS (compiled, QW 4): by plain loads (ld.global.nc, NVFP4's two words as one 8-byte load), which
+    Triton's pipeliner does not stream through shared memory: the K loop's SCALE_REGS loads chunk ci + 1's words
+    one step ahead into registers. That frees the scales' share of the pipeline's buffers (NVFP4's 128-row 4-warp
+    GEMM1: 114 -> 112 KB, two programs a multiprocessor, where 113 KB is the most that lets two fit). Rows past
+    n_limit then read row n_limit - 1's words instead of 0: their codes load as 0, so their weights are 0 all the
+    same (a zero code times any finite factor; prepare() refuses NaN scales), and their outputs are never stored."""
+    e64 = expert.to(tl.int64)
+    n = _mma_rows(n0, REPS)
+    if BY_REGISTERS:
+        tl.static_assert(QW == 4, "scales by registers: one MMA step a chunk")
+        n = tl.minimum(n, n_limit - 1)  # every address inside the tensor: no masked loads in inline PTX
+    row = (n * ROW_MUL + ROW_ADD).to(tl.int64)
+    rmask = n < n_limit
+    chunks = (K + 127) // 128
+    SW: tl.constexpr = 1 if W_KIND == 1 else 2
+    s32 = ws_ptr.to(tl.pointer_type(tl.int32))
+    if ROW_PAIRS:
+        sbase = e64 * N_ROWS * (chunks * SW) + (row // 2) * (chunks * 2 * SW) + ci * 2 * SW + (row % 2) * SW
+    else:
+        sbase = e64 * N_ROWS * (chunks * SW) + row * (chunks * SW) + ci * SW
+    if BY_REGISTERS:
+        if W_KIND == 1:
+            words = tl.inline_asm_elementwise("ld.global.nc.b32 $0, [$1];", "=r,l", [s32 + sbase], dtype=tl.int32,
+                                              is_pure=True, pack=1)
+        else:  # the row's two words, 8-byte aligned (sbase even)
+            both = tl.inline_asm_elementwise("ld.global.nc.b64 $0, [$1];", "=l,l",
+                                             [ws_ptr.to(tl.pointer_type(tl.int64)) + sbase // 2], dtype=tl.int64,
+                                             is_pure=True, pack=1)
+            words = tl.join(both.to(tl.int32), (both >> 32).to(tl.int32))  # word 0 the low half (little-endian)
+    elif W_KIND == 1:
+        words = tl.load(s32 + sbase, mask=rmask, other=0)
+    else:
+        SWP: tl.constexpr = QW // 2  # scale words of this part
+        words = tl.load(s32 + sbase[:, :, :, :, None] + SWP * QH + tl.arange(0, SWP)[None, None, None, None, :],
+                        mask=rmask[:, :, :, :, None], other=0)
+    return words
+
+
+@_device
+def _fp4_bitplace_decode(w_ptr, sw, expert, n0, ROW_MUL: tl.constexpr, ROW_ADD, n_limit, ci, N_ROWS, K,
+                         W_KIND: tl.constexpr, REPS: tl.constexpr, INTERPRET_DOT: tl.constexpr, QW: tl.constexpr = 4,
+                         QH: tl.constexpr = 0, ROW_PAIRS: tl.constexpr = False, NV_NORMAL: tl.constexpr = False):
     """[64 * REPS, 32 QW] FP4 weights of rows ROW_MUL * n + ROW_ADD (n = n0 .. n0 + 64 REPS - 1), chunk ci of K
-    (QW = 4), or its columns [32 QW QH, 32 QW (QH + 1)) (QW = 2: words 4t + 2 QH, +1 of each thread-group),
+    (QW = 4), or its columns [32 QW QH, 32 QW (QH + 1)) (QW = 2: words 4t + 2 QH, +1 of each thread-group), their
+    block scales the words sw (_fp4_scale_words of the same rows and chunk),
     by bit placement (harness/backends/fp4_bits.py, checked exhaustively), from the layout that
     triton_bitplace.mma_order_codes wrote: in each 128-value chunk of a row, thread-group t's 32 codes (columns
     16j + 2t + {0, 1, 8, 9}, the wgmma register operand's) are words 4t..4t+3, so one 16-byte load per row and
@@ -455,18 +512,10 @@ def _fp4_bitplace_tile(w_ptr, ws_ptr, expert, n0, ROW_MUL: tl.constexpr, ROW_ADD
         woffs = 4 * (widx // QW) + QW * QH + widx % QW  # thread-group t's words 4t + QW QH ..
     word = tl.load(w32 + wbase[:, :, :, :, None] + woffs[None, None, None, None, :],
                    mask=rmask[:, :, :, :, None], other=0).to(tl.uint32, bitcast=True)
-    # block scales: 4 (MX, 32 values) or 8 (NVFP4, 16 values) bytes per chunk and row, in whole words, loaded
-    # in the rows' order of the codes (no layout conversion)
-    SW: tl.constexpr = 1 if W_KIND == 1 else 2
-    s32 = ws_ptr.to(tl.pointer_type(tl.int32))
-    if ROW_PAIRS:
-        sbase = e64 * N_ROWS * (chunks * SW) + (row // 2) * (chunks * 2 * SW) + ci * 2 * SW + (row % 2) * SW
-    else:
-        sbase = e64 * N_ROWS * (chunks * SW) + row * (chunks * SW) + ci * SW
     # the factor of each block as bf16 bits (int32): MX 2^(s - 1), the stored exponent field s + 126 placed at
     # bit 7; NVFP4 the E4M3 value x 2^119 (placed: value x 2^-120, then x 2^127 and x 2^112, exact)
     if W_KIND == 1:
-        sword = tl.load(s32 + sbase, mask=rmask, other=0) >> (8 * QW * QH)  # this part's blocks in the low bytes
+        sword = sw >> (8 * QW * QH)  # this part's blocks in the low bytes
         if QW == 4:
             sbytes = tl.reshape(_bytes_of_words(sword), (8, 4, REPS, 2, 1, 4))
         else:
@@ -477,8 +526,6 @@ def _fp4_bitplace_tile(w_ptr, ws_ptr, expert, n0, ROW_MUL: tl.constexpr, ROW_ADD
             fbits = sbytes * 0x00800080  # (s + 126) << 7 in both halves: 2^(s - 1) as a bf16x2 word
     else:
         SWP: tl.constexpr = QW // 2  # scale words of this part
-        sw = tl.load(s32 + sbase[:, :, :, :, None] + SWP * QH + tl.arange(0, SWP)[None, None, None, None, :],
-                     mask=rmask[:, :, :, :, None], other=0)
         if INTERPRET_DOT:
             sbytes = tl.reshape(_bytes_of_words(sw), (8, 4, REPS, 2, 1, 4 * SWP))
             e4m3 = ((((sbytes & 0x7F) << 4) | ((sbytes & 0x80) << 8)) << 16).to(tl.float32, bitcast=True)
@@ -803,7 +850,7 @@ def moe_gemm_kernel(
     GROUP_M: tl.constexpr = 0, A_TMA: tl.constexpr = False, W_TMA: tl.constexpr = False,
     PERSISTENT: tl.constexpr = False, used_blocks_ptr=None,
     SERIAL_K: tl.constexpr = False, count_ptr=None, final_ptr=None, WARP_SPEC: tl.constexpr = False, a_desc_rows=0,
-    w_desc_rows=0, TAIL_M: tl.constexpr = 0, block_short_ptr=None,
+    w_desc_rows=0, TAIL_M: tl.constexpr = 0, block_short_ptr=None, SCALE_REGS: tl.constexpr = False,
 ):
     """out[pair, n] for BLOCK_M pairs of one expert (rows of a: pair // a_row_div) x BLOCK_N outputs.
 
@@ -854,7 +901,8 @@ def moe_gemm_kernel(
                       q_scale_ptr, pid_m, pid_n, 0, expert, pid_m * BLOCK_M, A_SCALE, W_KIND, PACKED, EBITS, MBITS,
                       BIAS, W_BLOCK_SCALE, HAS_EXPERT_SCALE, HAS_BIAS, GATED, INTERLEAVED, ACT, APPLY_ACT, HAS_LIMIT,
                       BLOCK_M, BLOCK_N, BLOCK_K, INTERPRET_DOT, DOT_SCALED, DS_FMT, BITPLACE, MMA_STEPS, SPLIT_K,
-                      ROW_PAIRS, QUANT_NVFP4, NV_NORMAL, A_TMA, W_TMA, SERIAL_K, count_ptr, final_ptr, WARP_SPEC)
+                      ROW_PAIRS, QUANT_NVFP4, NV_NORMAL, A_TMA, W_TMA, SERIAL_K, count_ptr, final_ptr, WARP_SPEC,
+                      SCALE_REGS)
     else:
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
@@ -885,7 +933,7 @@ def moe_gemm_kernel(
                           MBITS, BIAS, W_BLOCK_SCALE, HAS_EXPERT_SCALE, HAS_BIAS, GATED, INTERLEAVED, ACT, APPLY_ACT,
                           HAS_LIMIT, TAIL_M, BLOCK_N, BLOCK_K, INTERPRET_DOT, DOT_SCALED, DS_FMT, BITPLACE, MMA_STEPS,
                           SPLIT_K, ROW_PAIRS, QUANT_NVFP4, NV_NORMAL, A_TMA, W_TMA, SERIAL_K, count_ptr, final_ptr,
-                          WARP_SPEC)
+                          WARP_SPEC, SCALE_REGS)
                 return
         if used:
             _moe_tile(a_ptr, a_scale_ptr, w_ptr, ws_ptr, w_block_scale_ptr, expert_scale_ptr, bias_ptr, out_ptr,
@@ -893,7 +941,7 @@ def moe_gemm_kernel(
                       pid_m, pid_n, pid_s, expert, pid_m * BLOCK_M, A_SCALE, W_KIND, PACKED, EBITS, MBITS, BIAS,
                       W_BLOCK_SCALE, HAS_EXPERT_SCALE, HAS_BIAS, GATED, INTERLEAVED, ACT, APPLY_ACT, HAS_LIMIT, BLOCK_M,
                       BLOCK_N, BLOCK_K, INTERPRET_DOT, DOT_SCALED, DS_FMT, BITPLACE, MMA_STEPS, SPLIT_K, ROW_PAIRS,
-                      QUANT_NVFP4, NV_NORMAL, A_TMA, W_TMA, SERIAL_K, count_ptr, final_ptr, WARP_SPEC)
+                      QUANT_NVFP4, NV_NORMAL, A_TMA, W_TMA, SERIAL_K, count_ptr, final_ptr, WARP_SPEC, SCALE_REGS)
 
 
 @_device
@@ -907,7 +955,7 @@ def _moe_tile(a_ptr, a_scale_ptr, w_ptr, ws_ptr, w_block_scale_ptr, expert_scale
               BLOCK_K: tl.constexpr, INTERPRET_DOT: tl.constexpr, DOT_SCALED: tl.constexpr, DS_FMT: tl.constexpr,
               BITPLACE: tl.constexpr, MMA_STEPS: tl.constexpr, SPLIT_K: tl.constexpr, ROW_PAIRS: tl.constexpr,
               QUANT_NVFP4: tl.constexpr, NV_NORMAL: tl.constexpr, A_TMA: tl.constexpr, W_TMA: tl.constexpr,
-              SERIAL_K: tl.constexpr, count_ptr, final_ptr, WARP_SPEC: tl.constexpr):
+              SERIAL_K: tl.constexpr, count_ptr, final_ptr, WARP_SPEC: tl.constexpr, SCALE_REGS: tl.constexpr):
     """moe_gemm_kernel's tile (pid_m, pid_n) of row block pid_m (its expert `expert`, at least 0; its rows the
     BLOCK_M slots of sorted_rows from row0), K range pid_s."""
     pair = tl.load(sorted_rows_ptr + row0 + tl.arange(0, BLOCK_M))
@@ -939,7 +987,18 @@ def _moe_tile(a_ptr, a_scale_ptr, w_ptr, ws_ptr, w_block_scale_ptr, expert_scale
         QW: tl.constexpr = 4 // MMA_STEPS  # words per thread-group and row in one MMA step
         chunks = (K + 127) // 128
         per_split = (chunks + SPLIT_K - 1) // SPLIT_K
-        for ci in range(pid_s * per_split, tl.minimum((pid_s + 1) * per_split, chunks)):  # offsets ci x 16 words
+        c_lo = pid_s * per_split
+        c_hi = tl.minimum((pid_s + 1) * per_split, chunks)
+        if SCALE_REGS:  # the block scales one K step ahead in registers, by loads the pipeliner leaves alone
+            tl.static_assert(MMA_STEPS == 1, "SCALE_REGS: one MMA step a chunk")
+            c_first = tl.minimum(c_lo, chunks - 1)  # an empty split reads a valid chunk it never uses
+            sg = _fp4_scale_words(ws_ptr, expert, n0, G_MUL, g_add, N_OUT, c_first, N_ROWS, K, W_KIND, REPS, QW, 0,
+                                  ROW_PAIRS, not INTERPRET_DOT)
+            su = sg
+            if GATED:
+                su = _fp4_scale_words(ws_ptr, expert, n0, G_MUL, u_add, N_OUT, c_first, N_ROWS, K, W_KIND, REPS, QW,
+                                      0, ROW_PAIRS, not INTERPRET_DOT)
+        for ci in range(c_lo, c_hi):  # offsets ci x 16 words
             for qh in tl.static_range(MMA_STEPS):
                 k_offs = ci * 128 + qh * 32 * QW + tl.arange(0, 32 * QW)
                 # bf16 straight into the dot when compiled (a load the pipeliner streams into shared memory)
@@ -950,12 +1009,27 @@ def _moe_tile(a_ptr, a_scale_ptr, w_ptr, ws_ptr, w_block_scale_ptr, expert_scale
                                 mask=m_mask[:, None] & (k_offs < K)[None, :], other=0.0)
                 if INTERPRET_DOT:
                     a = bf16_to_f32(a)
-                wg = _fp4_bitplace_tile(w_ptr, ws_ptr, expert, n0, G_MUL, g_add, N_OUT, ci, N_ROWS, K, W_KIND, REPS,
-                                        INTERPRET_DOT, QW, qh, ROW_PAIRS, NV_NORMAL)
+                if SCALE_REGS:
+                    c_next = tl.minimum(ci + 1, c_hi - 1)  # the last step reads its own chunk's again
+                    sg_next = _fp4_scale_words(ws_ptr, expert, n0, G_MUL, g_add, N_OUT, c_next, N_ROWS, K, W_KIND,
+                                               REPS, QW, 0, ROW_PAIRS, not INTERPRET_DOT)
+                    wg = _fp4_bitplace_decode(w_ptr, sg, expert, n0, G_MUL, g_add, N_OUT, ci, N_ROWS, K, W_KIND,
+                                              REPS, INTERPRET_DOT, QW, qh, ROW_PAIRS, NV_NORMAL)
+                    sg = sg_next
+                else:
+                    wg = _fp4_bitplace_tile(w_ptr, ws_ptr, expert, n0, G_MUL, g_add, N_OUT, ci, N_ROWS, K, W_KIND,
+                                            REPS, INTERPRET_DOT, QW, qh, ROW_PAIRS, NV_NORMAL)
                 acc_gt += _dot_weights_first(wg, a, INTERPRET_DOT)
                 if GATED:
-                    wu = _fp4_bitplace_tile(w_ptr, ws_ptr, expert, n0, G_MUL, u_add, N_OUT, ci, N_ROWS, K, W_KIND,
-                                            REPS, INTERPRET_DOT, QW, qh, ROW_PAIRS, NV_NORMAL)
+                    if SCALE_REGS:
+                        su_next = _fp4_scale_words(ws_ptr, expert, n0, G_MUL, u_add, N_OUT, c_next, N_ROWS, K,
+                                                   W_KIND, REPS, QW, 0, ROW_PAIRS, not INTERPRET_DOT)
+                        wu = _fp4_bitplace_decode(w_ptr, su, expert, n0, G_MUL, u_add, N_OUT, ci, N_ROWS, K, W_KIND,
+                                                  REPS, INTERPRET_DOT, QW, qh, ROW_PAIRS, NV_NORMAL)
+                        su = su_next
+                    else:
+                        wu = _fp4_bitplace_tile(w_ptr, ws_ptr, expert, n0, G_MUL, u_add, N_OUT, ci, N_ROWS, K,
+                                                W_KIND, REPS, INTERPRET_DOT, QW, qh, ROW_PAIRS, NV_NORMAL)
                     acc_ut += _dot_weights_first(wu, a, INTERPRET_DOT)
         acc_g = tl.trans(acc_gt)
         acc_u = tl.trans(acc_ut) if GATED else acc_g
