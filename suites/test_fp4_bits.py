@@ -570,12 +570,14 @@ def test_scales_loaded_a_step_ahead_give_the_bits_of_the_pipelined_loads(scheme,
        block_n=st.sampled_from([64, 128]), w2_block_n=st.sampled_from([0, 64, 128]),
        mma_steps=st.sampled_from([1, 2]), split_k=st.sampled_from([1, 2, 3]), hidden=st.sampled_from([128, 160, 288]),
        inter=st.sampled_from([96, 128, 160]), tokens=st.integers(1, 9), seed=st.integers(0, 2**16),
-       row_pairs=st.booleans(), num_warps=st.sampled_from([4, 8]), serial_k=st.sampled_from([0, 1]))
+       row_pairs=st.booleans(), num_warps=st.sampled_from([4, 8]), serial_k=st.sampled_from([0, 1]),
+       scale_regs=st.sampled_from([0, 1]))
 def test_every_bitplace_tile_configuration_the_sweep_may_pick_is_exact(scheme, block_n, w2_block_n, mma_steps,
                                                                         split_k, hidden, inter, tokens, seed,
-                                                                        row_pairs, num_warps, serial_k):
+                                                                        row_pairs, num_warps, serial_k, scale_regs):
     """Each tile key of triton_bitplace that tools/tune_moe.py sweeps (block_n, w2_block_n, mma_steps, split_k,
-    serial_k, num_warps: 8 takes 128-row tiles, REPS 2), in any combination, at K with and without tails, with either code
+    serial_k, scale_regs with mma_steps 1, num_warps: 8 takes 128-row tiles, REPS 2), in any combination, at K with
+    and without tails, with either code
     layout (row_pairs), against the reference: whatever the next H200 sweep puts in BITPLACE_TILES has been checked
     here first (the layouts the warps get are the compiler's: the GPU's conformance run checks those)."""
     from harness.backends import backend_structure
@@ -584,7 +586,8 @@ def test_every_bitplace_tile_configuration_the_sweep_may_pick_is_exact(scheme, b
 
     backend = TritonBitplaceBackend().configure(block_m=16, block_n=block_n, block_k=128, num_warps=num_warps,
                                                 num_stages=2, w2_block_n=w2_block_n, mma_steps=mma_steps,
-                                                split_k=split_k, serial_k=serial_k)
+                                                split_k=split_k, serial_k=serial_k,
+                                                scale_regs=scale_regs if mma_steps == 1 else 0)
     backend.row_pairs = row_pairs
     tiles = backend.tile_config(tokens * 3, None)
     assert tiles["num_warps"] == num_warps and tiles["block_n"] % (16 * num_warps) == 0
