@@ -808,6 +808,92 @@ def test_the_gluon_nvfp4_decode_reads_its_512_byte_scale_boxes_in_block_order():
                 assert not bad.any(), (e, first, c, int(bad.sum()), tuple(bad.nonzero()[0].tolist()))
 
 
+def test_gemm1_prefetches_its_weights_before_its_wait_only_where_the_ids_rank_its_blocks(monkeypatch):
+    """w13_prefetch (GEMM1's PDL 3): the launch gets the call's flat expert ids and the chunk count only for GEMM1,
+    launched as a dependent (pdl 1), on the plain grid, at most 16 tokens (where each expert has one block at most
+    and a block's expert is the rank of the distinct ids); launch_bitplace_partials refuses it by name elsewhere."""
+    from harness.backends import gluon_kernels
+    from harness.backends import triton_kernels as K
+    from harness.backends.triton_bitplace import TritonBitplaceGluonBackend
+    from reference.checkpoints import make_checkpoint
+
+    monkeypatch.setattr(K, "INTERPRET", False)
+    gluon = TritonBitplaceGluonBackend()
+    gluon.device = "cpu"
+    prep = gluon.prepare(make_checkpoint("w_mxfp4", "SWIGLUOAI", 2, 256, 128, seed=0, with_bias=True))
+    seen = []
+    monkeypatch.setattr(gluon_kernels, "launch_bitplace_partials",
+                        lambda *args, **kwargs: seen.append((args[-2], kwargs.get("prefetch"))))
+    decode = dict(block_m=16, block_n=64, num_warps=4, num_stages=4, w13_prefetch=4)
+    ids = torch.tensor([1, 0, 0, 1])
+
+    def launch(which, tiles, tokens=2):
+        seen.clear()
+        gluon._partials_kernel(prep, which, 0, tiles, None, 128, 256, 256)(
+            torch.zeros(tokens, 256, dtype=torch.bfloat16), None, None, None, tokens * 2, 2, 128, 256, 256,
+            which == "w13", 1, ids=ids.repeat(tokens // 2))
+        (pdl, prefetch), = seen
+        return pdl, None if prefetch is None else (prefetch[0].tolist(), prefetch[1])
+
+    assert launch("w13", dict(decode, pdl=1)) == (1, ([1, 0, 0, 1], 4))
+    assert launch("w13", dict(decode, pdl=1), tokens=16)[1] is not None
+    assert launch("w13", dict(decode, pdl=1), tokens=18) == (1, None)  # an expert may hold 17 pairs: 2 blocks
+    assert launch("w2", dict(decode, pdl=1)) == (2, None)
+    assert launch("w13", dict(decode, pdl=0)) == (0, None)
+    assert launch("w13", dict(decode, pdl=1, persistent=1))[1] is None
+    assert launch("w13", dict(decode, pdl=1, w13_prefetch=0)) == (1, None)
+    # the table's decode row: w13_prefetch where GEMM1's weights of the call (one expert a pair at most) fit
+    # GLUON_W13_PREFETCH_BYTES (gpt-oss-120b one token: 35 MB), else none
+    from harness.backends import triton_bitplace
+    from harness.backends.triton_emulation import scheme_kinds
+
+    def resolved(pairs):
+        return gluon.resolve_tiles(gluon.tile_config(pairs, *scheme_kinds(prep.ckpt.scheme)), prep, pairs, "cpu")
+
+    per_expert = prep.w13[0].numel() + prep.w13_scale[0].numel()
+    monkeypatch.setattr(triton_bitplace, "GLUON_W13_PREFETCH_BYTES", 2 * per_expert)
+    assert resolved(2)["w13_prefetch"] == triton_bitplace.GLUON_W13_PREFETCH and "w13_prefetch_bytes" not in resolved(2)
+    monkeypatch.setattr(triton_bitplace, "GLUON_W13_PREFETCH_BYTES", 2 * per_expert - 1)
+    assert "w13_prefetch" not in resolved(2) and "w13_prefetch" in resolved(1)
+    monkeypatch.undo()
+    codes = torch.zeros(2, 256, 128, dtype=torch.uint8)
+    for kwargs, named in ((dict(gated=False, pdl=2), "gated"), (dict(gated=True, pdl=0), "pdl 0"),
+                          (dict(gated=True, pdl=1, tokens=17), "at most 16 tokens")):
+        with pytest.raises(ValueError, match=named):
+            gluon_kernels.launch_bitplace_partials(
+                None, codes, None, torch.zeros(kwargs.pop("tokens", 2), 256, dtype=torch.bfloat16), None, None, None,
+                4, 2, 128, 256, 256, kwargs["gated"], 1, 4, 80, pdl=kwargs["pdl"], prefetch=(ids, 4))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a Gluon kernel: runs compiled on a GPU only")
+def test_gemm1_ranks_each_blocks_expert_from_the_ids_as_the_routing_launch_lays_the_blocks_out():
+    """_block_expert_by_rank, compiled and run (GEMM1's PDL 3 guess of its block's expert before its wait): at 1 to
+    16 tokens, top-k 1 to 8, experts 8 to 384, ids as int32 and int64, it gives every block (and the blocks past the
+    used ones: -1) the expert moe_align_kernel's torch oracle gives it."""
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+
+    from harness.backends.gluon_kernels import _block_expert_by_rank
+    from harness.backends.triton_emulation import TritonEmulationBackend
+
+    @gluon.jit
+    def rank_kernel(ids_ptr, n_pairs, out_ptr, P: gl.constexpr):
+        expert = _block_expert_by_rank(ids_ptr, n_pairs, gl.program_id(0), P)
+        gl.store(out_ptr + gl.program_id(0), expert)
+
+    g = torch.Generator().manual_seed(0)
+    for tokens, top_k, experts in ((1, 4, 128), (1, 8, 384), (2, 1, 8), (3, 2, 8), (8, 4, 128), (16, 8, 384),
+                                   (16, 8, 8), (5, 6, 16), (16, 1, 384)):
+        ids = torch.stack([torch.randperm(experts, generator=g)[:top_k] for _ in range(tokens)])
+        _, block_expert = TritonEmulationBackend._align_torch(ids, experts, 16)
+        for dtype in (torch.int32, torch.int64):
+            n = ids.numel()
+            out = torch.full((block_expert.numel(),), -7, dtype=torch.int32, device="cuda")
+            rank_kernel[(block_expert.numel(),)](ids.to(dtype).cuda().reshape(-1), n, out,
+                                                 P=max(16, 1 << (n - 1).bit_length()), num_warps=4)
+            assert out.cpu().tolist() == block_expert.cpu().tolist(), (tokens, top_k, experts, dtype)
+
+
 def test_the_gluon_decode_rows_follow_the_one_wave_rule(monkeypatch):
     """triton_bitplace_gluon's rows a program where a GEMM's 64-row grid is one wave (one_wave_block_n), at the H200's
     132 multiprocessors and the model shapes of run-12's one-token sweep: Kimi-K2's GEMM1 at 128 rows split 2 (the
@@ -831,11 +917,15 @@ def test_the_gluon_decode_rows_follow_the_one_wave_rule(monkeypatch):
     }.items():
         p = tokens * top_k
         prep = SimpleNamespace(ckpt=SimpleNamespace(num_experts=experts, intermediate_size=inter, hidden_size=hidden),
-                               w2=torch.zeros(1, hidden * inter // 2, dtype=torch.uint8), w2_scale=None)
+                               w2=torch.zeros(1, hidden * inter // 2, dtype=torch.uint8), w2_scale=None,
+                               w13=torch.zeros(1, hidden * inter, dtype=torch.uint8),
+                               w13_scale=torch.zeros(1, hidden * inter // 16, dtype=torch.uint8))
         monkeypatch.setattr(triton_kernels, "INTERPRET", False)  # the GPU's rules (the interpreter turns pdl off)
         tiles = backend.resolve_tiles(backend.tile_config(p, MX), prep, p, "cpu")
         assert (tiles["block_n"], tiles["split_k"], tiles["w2_block_n"], tiles["pdl"]) == want, (experts, tokens, tiles)
         assert "one_wave_rows" not in tiles and "split_k_programs" not in tiles and "pdl_bytes" not in tiles
+        # GEMM1's prefetch before its wait where its weights of the call fit: gpt-oss-120b one token (35 MB) only
+        assert ("w13_prefetch" in tiles) == (inter == 2880 and tokens == 1), (experts, tokens, tiles)
     fixed = backend.configure(block_m=16, block_n=64, split_k=1)  # a sweep's tiles are what it asked for
     assert fixed.resolve_tiles(fixed.tile_config(8, MX), prep, 8, "cpu")["block_n"] == 64
     assert fixed.resolve_tiles(fixed.tile_config(8, MX), prep, 8, "cpu")["pdl"] == 0

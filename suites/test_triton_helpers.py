@@ -220,7 +220,8 @@ def test_the_kernels_a_forward_launches_compile_for_sm90_without_a_gpu(tmp_path)
       asserted trivial by the compiler; pdl 1: the chain as programmatic dependents, each dependent's PTX checked
       against triton_kernels.PDL_ORDER (compile_check.dependent_launch_violations); pdl 2 the same chain with GEMM2
       waiting at entry (no L2 prefetch); NVFP4 factors by multiplies and by an exponent add (NV_NORMAL);
-      persistent grids with one and two warpgroups, with and without pdl; and the registered backend's defaults
+      persistent grids with one and two warpgroups, with and without pdl; GEMM1 prefetching its weights into L2
+      before its wait (w13_prefetch: PDL 3, the ids its only loads there); and the registered backend's defaults
       (GEMM2's weights of a small model far below GLUON_PDL_BYTES: the chain launches as dependents)."""
     from harness.backends.compile_check import LAUNCHED_KERNELS
 
@@ -275,6 +276,11 @@ def test_the_kernels_a_forward_launches_compile_for_sm90_without_a_gpu(tmp_path)
                  (0, 64, "w_mxfp4/SWIGLUOAI", 1, 0), (1, 128, "w_nvfp4/SILU", 2, 0),
                  (0, 64, "w_nvfp4_a_nvfp4/SWIGLUOAI", 1, 1))}
     default_gluon = "triton_bitplace_gluon/w_mxfp4/SWIGLUOAI@tokens=1"
+    # GEMM1 prefetching its first K chunks of weights into L2 before its wait (w13_prefetch: PDL 3), its block's
+    # expert ranked from the ids: one and two warpgroups, MXFP4 and NVFP4
+    gluon.update({f"triton_bitplace_gluon/{case}@tokens=1,block_m=16,num_warps=4,block_n={block_n},pdl=1,"
+                  f"w13_prefetch={chunks}": 1
+                  for case, block_n, chunks in (("w_mxfp4/SWIGLUOAI", 64, 4), ("w_nvfp4/SILU", 128, 99))})
     cmd = [sys.executable, "-m", "harness.backends.compile_check", "--tokens", "1", "2048", "--intermediate", "384"]
     for case in (cases + [serial, scale_regs] + tma + tails + inline + persistent + warp_specialized + list(gluon)
                  + [default_gluon] + list(gluon_serial)):
@@ -322,6 +328,7 @@ def test_the_kernels_a_forward_launches_compile_for_sm90_without_a_gpu(tmp_path)
     for case, pdl in list(gluon.items()) + [(default_gluon, 1)]:
         assert "bitplace_partials_kernel x2" in launched[case], launched[case]
         assert launched[case].endswith(f" {4 if pdl else 0} dependents"), launched[case]
+    assert sum("bitplace_partials_kernel (PDL 3)" in line for line in run.stdout.splitlines()) == 2, run.stdout[-2000:]
 
 
 def test_a_dependent_launch_that_reads_or_writes_before_its_wait_is_reported():
@@ -344,6 +351,11 @@ def test_a_dependent_launch_that_reads_or_writes_before_its_wait_is_reported():
     assert "writes" in violations("\n".join(["@%p1 st.global.b32 [ %rd2 + 0 ], { %r3 };", wait]), {"PDL": 1})[0]
     assert "writes" in violations("\n".join(["@!%p2 atom.global.add.u32 %r1, [%rd1], 1;", wait]), {"PDL": 1})[0]
     assert "global loads" in violations("\n".join(["@%p3 ld.global.nc.v4.b32 {%r1}, [%rd1];", wait]), {"PDL": 1})[0]
+    # GEMM1's PDL 3: the expert ids (loads marked evict_last) before its wait, nothing else
+    ids = "@%p23 ld.global.L1::evict_last.L2::cache_hint.b64 { %rd72 }, [ %rd73 + 0 ], %rd74;"
+    assert violations("\n".join([ids, ids, prefetch, wait, load]), {"PDL": 3}) == []
+    assert "global loads" in violations("\n".join([ids, load, prefetch, wait]), {"PDL": 3})[0]
+    assert "global loads" in violations("\n".join([ids, wait]), {"PDL": 1})[0]
 
 
 def test_the_activation_quantizers_read_bf16_exactly_subnormals_included():

@@ -26,6 +26,8 @@ faster than it from 8 tokens on (results/gpu-issue28/run-9, run-10): the default
 PDL (programmatic dependent launch, triton_kernels.PDL_ORDER): GEMM1 waits at entry; GEMM2 prefetches its weights
 into L2 before it waits, under GEMM1's last wave (gpt-oss-120b one token 39.1 -> 36.8 us, run-9's tune-pdl), or where
 they are too many for L2 waits at entry too (Kimi-K2 one token 91.3 -> 85.6 us, results/gpu-issue28/run-12).
+GEMM1 at most 16 tokens may prefetch its first K chunks into L2 before its wait too (PDL 3: its block's expert ranked
+from the expert ids, _block_expert_by_rank); on an H100 gpt-oss-120b one token 39.8 -> 38.8 us (results/gpu-issue28/run-33).
 Quantized activations (W4A4, W4A8: exact bf16 values, their one scale applied by the epilogue kernels) run the same
 kernel: on the H200 bit for bit with triton_bitplace (run-11).
 PERSIST (the tiles' `persistent`, opt-in): the programs that fit at once, each running the plain grid's programs as
@@ -204,6 +206,29 @@ def _prefetch_program_weights(codes_ptr, scales_ptr, code_row, scale_row, g_col,
         c = c0 + i
         _prefetch_l2(scales_ptr + ((scale_row + c).to(gl.int64) * N_ROWS + g_col) * PER_CHUNK,
                      (i & 0) + scale_bytes, c < c_hi)
+
+
+# [pairs i, pairs j] compares of the call's expert ids over the default partition's warpgroup (_block_expert_by_rank)
+RANK_IDS = gl.constexpr(gl.BlockedLayout([1, 1], [4, 8], [4, 1], [1, 0]))
+
+
+@gluon.jit
+def _block_expert_by_rank(ids_ptr, n_pairs, block, P: gl.constexpr):
+    """The expert moe_align_kernel gives decode block `block` where no expert has more than 16 pairs (at most 16
+    tokens: a token's top-k ids are distinct): blocks in ascending expert order, one an expert routed to, so the
+    block-th smallest of the distinct ids among the call's n_pairs (at most P) expert ids; -1 past them. Read from
+    the ids themselves, not from the routing launch's output, so GEMM1 can use it before its wait (PDL 3)."""
+    BIG: gl.constexpr = 1 << 30  # past every expert id: the lanes past n_pairs
+    i = gl.arange(0, P, layout=gl.SliceLayout(1, RANK_IDS))
+    j = gl.arange(0, P, layout=gl.SliceLayout(0, RANK_IDS))
+    # (evict_last marks these two loads in the PTX: compile_check's PDL rule lets GEMM1 make them before its wait)
+    a = gl.load(ids_ptr + i, mask=i < n_pairs, other=BIG, eviction_policy="evict_last").to(gl.int32)
+    b = gl.load(ids_ptr + j, mask=j < n_pairs, other=BIG, eviction_policy="evict_last").to(gl.int32)
+    same = a[:, None] == b[None, :]
+    first_j = gl.sum((same & (i[:, None] < j[None, :])).to(gl.int32), 0) == 0  # no earlier pair holds j's id
+    first_i = gl.sum((same & (j[None, :] < i[:, None])).to(gl.int32), 1) == 0
+    rank_i = gl.sum(((b[None, :] < a[:, None]) & first_j[None, :]).to(gl.int32), 1)  # distinct ids below i's
+    return gl.max(gl.where(first_i & (rank_i == block) & (i < n_pairs), a, -1), 0)
 
 
 @gluon.jit
@@ -460,13 +485,18 @@ def bitplace_partials_kernel(codes_desc, scales_desc, a_ptr, out_ptr, sorted_row
                              A_SCALE: gl.constexpr = 0, HAS_EXPERT_SCALE: gl.constexpr = False,
                              HAS_BIAS: gl.constexpr = False, INTERLEAVED: gl.constexpr = False, ACT: gl.constexpr = 0,
                              APPLY_ACT: gl.constexpr = False, HAS_LIMIT: gl.constexpr = False,
-                             QUANT_NVFP4: gl.constexpr = False):
+                             QUANT_NVFP4: gl.constexpr = False, ids_ptr=None, P_IDS: gl.constexpr = 16,
+                             prefetch_chunks=0):
     """fp32 partial sums [SPLIT_K, pairs, 2, N_OUT] of expert block program_id(0) (16 pairs), output rows
     64 TILES program_id(1) .. + 64 TILES - 1 (gate; up N_OUT rows on when GATED), K chunks of share program_id(2).
     TILES 2: two consumer warpgroups, a 64-row tile each, on one ring (the activation rows loaded once).
     PDL (a programmatic dependent, triton_kernels.PDL_ORDER): 1 waits at entry (GEMM1: its block's expert comes from
     the kernel before); 2 (ungated: GEMM2) prefetches its weights into L2 from codes_ptr / scales_ptr (the bytes
-    behind the descriptors) first, then waits; both then let the next kernel launch.
+    behind the descriptors) first, then waits; both then let the next kernel launch. 3 (GEMM1 at most 16 tokens):
+    before its wait, finds its block's expert from the call's expert ids (ids_ptr, n_pairs of them, at most P_IDS;
+    _block_expert_by_rank) and prefetches its first prefetch_chunks K chunks of gate and up weights into L2, so that
+    the weight stream starts while the routing launch still runs; the expert it computes with is still
+    block_expert's, read after the wait (the prefetch is a hint: a wrong guess costs bandwidth, never bits).
     PERSIST 1: a persistent grid (one dimension, at most the programs that fit at once): each program runs the work
     items program_id(0), + num_programs(0), ... of the plain grid's n_blocks x N tiles x SPLIT_K (_item) on one ring,
     the next item's loads under the last one's MMAs and stores (schedule 0; PDL 1 or none).
@@ -506,12 +536,23 @@ def bitplace_partials_kernel(codes_desc, scales_desc, a_ptr, out_ptr, sorted_row
         pid_m = gl.program_id(0)
         pid_n = gl.program_id(1)
         pid_s = gl.program_id(2)
+        per = gl.cdiv(chunks, SPLIT_K)
+        c_lo = pid_s * per
+        c_hi = gl.minimum(c_lo + per, chunks)
+        g_col = pid_n * (64 * TILES)  # the first tile's first gate row (row pairs: the gate rows, then the up rows)
+        if PDL == 3:
+            gl.static_assert(GATED, "PDL 3 is GEMM1's mode (gate and up rows)")
+            guess = _block_expert_by_rank(ids_ptr, n_pairs, pid_m, P_IDS)
+            if guess >= 0:
+                c_end = gl.minimum(c_hi, c_lo + prefetch_chunks)
+                for half in gl.static_range(2):  # the gate rows, then the up rows
+                    _prefetch_program_weights(codes_ptr, scales_ptr, guess * (N_ROWS // 2), guess * chunks,
+                                              g_col + half * N_OUT, c_lo, c_end, chunks, N_ROWS, TILES,
+                                              8 if W_NV else 4)
+            gdc_wait()  # block_expert and the activations (the routing launch's) and every write after
+            gdc_launch_dependents()
         expert = gl.load(block_expert_ptr + pid_m)
         if expert >= 0:
-            per = gl.cdiv(chunks, SPLIT_K)
-            c_lo = pid_s * per
-            c_hi = gl.minimum(c_lo + per, chunks)
-            g_col = pid_n * (64 * TILES)  # the first tile's first gate row (row pairs: the gate rows, then the up rows)
             if PDL == 2:
                 _prefetch_program_weights(codes_ptr, scales_ptr, expert * (N_ROWS // 2), expert * chunks, g_col, c_lo,
                                           c_hi, chunks, N_ROWS, TILES, 8 if W_NV else 4)
@@ -565,7 +606,8 @@ def scales_by_chunk(scales, n_rows: int, chunks: int, per_chunk: int = 4):
 def launch_bitplace_partials(launcher, codes, scales_t, a, partials, sorted_rows, block_expert, n_pairs: int,
                              a_row_div: int, n_out: int, n_rows: int, k_dim: int, gated: bool, split_k: int,
                              stages: int, maxnreg: int, overlap: int = 0, tiles: int = 1, nvfp4: int = 0,
-                             pdl: int = 0, persistent: int = 0, serial: dict | None = None):
+                             pdl: int = 0, persistent: int = 0, serial: dict | None = None,
+                             prefetch: tuple | None = None):
     """One launch of bitplace_partials_kernel through `launcher` (triton_kernels' attribute, so that
     compile_check can record it): codes [E, N_ROWS, chunks * 64] bytes (rows in pairs), scales_t from
     scales_by_chunk, partials fp32 [split_k, n_pairs, 2, n_out]; overlap: the consumer's schedule (_consumer);
@@ -576,9 +618,20 @@ def launch_bitplace_partials(launcher, codes, scales_t, a, partials, sorted_rows
     programs, each running the plain grid's programs program_id, + persistent, ... on one ring (PERSIST; schedule 0,
     GEMM2's prefetch mode 2 as mode 1: the items' weights are not one program's); serial: None, or the kernel's
     SERIAL operands (count_ptr, final_ptr, splitk_epilogue_kernel's scales, bias, scalars and flags): each tile finished
-    in this launch, no epilogue kernel after it."""
+    in this launch, no epilogue kernel after it; prefetch: None, or (the call's expert ids, flat; K chunks) for GEMM1's
+    PDL 3: each program's first that many chunks of weights into L2 before its wait (at most 16 tokens, pdl 1)."""
     if pdl == 2 and gated:
         raise ValueError("pdl 2 (weights prefetched before the wait) is GEMM2's mode: ungated tiles only")
+    if prefetch is not None:
+        ids, prefetch_chunks = prefetch
+        if not gated or pdl != 1 or persistent:
+            raise ValueError("prefetch (GEMM1's weights into L2 before its wait, PDL 3) takes a gated GEMM launched "
+                             f"as a dependent (pdl 1) on the plain grid; got gated {gated}, pdl {pdl}, persistent "
+                             f"{persistent}")
+        if a.shape[0] > 16 or ids.numel() != n_pairs:
+            raise ValueError(f"prefetch finds a block's expert by ranking the expert ids, which holds where no expert "
+                             f"has more than 16 pairs: at most 16 tokens and the call's {n_pairs} ids; got "
+                             f"{a.shape[0]} tokens and {ids.numel()} ids")
     if persistent and serial:
         raise ValueError("a persistent launch leaves the epilogue to splitk_epilogue_kernel: serial with persistent 0")
     if persistent and overlap != 0:
@@ -595,6 +648,9 @@ def launch_bitplace_partials(launcher, codes, scales_t, a, partials, sorted_rows
         scales_desc = TensorDescriptor.from_tensor(scales_t, SCALE_BOX, SCALE_SMEM)
     grid = (block_expert.numel(), -(-n_out // (64 * tiles)), split_k)
     extra = dict(codes_ptr=codes, scales_ptr=scales_t, PDL=pdl, launch_pdl=True) if pdl else {}
+    if prefetch is not None:
+        extra.update(PDL=3, ids_ptr=ids, P_IDS=max(16, 1 << (n_pairs - 1).bit_length()),
+                     prefetch_chunks=prefetch_chunks)
     if serial:  # the epilogue's products and sums rounded one by one, as splitk_epilogue_kernel's (no contraction)
         extra.update(SERIAL=1, enable_fp_fusion=False, **serial)
     if persistent:

@@ -210,8 +210,12 @@ class TritonBitplaceBackend(TritonEmulationBackend):
         # a persistent grid (the tiles' persistent 1, schedule 0): as many programs as fit on the GPU at once
         persistent = tiles.get("persistent") and overlap == 0
 
+        # GEMM1 at most 16 tokens (the tiles' w13_prefetch: K chunks a program): its first chunks of weights into L2
+        # before its wait for the routing launch, its block's expert ranked from the expert ids (PDL 3)
+        prefetch_chunks = tiles.get("w13_prefetch") if which == "w13" and pdl == 1 and not persistent else 0
+
         def run(a, partials, sorted_rows, block_expert, n_pairs, a_row_div, n_out, n_rows, k_dim, gated, split_k,
-                serial=None):
+                serial=None, ids=None):
             if a.data_ptr() % 16 or a.stride() != (k_dim, 1):  # cp.async moves 16-byte runs of whole rows: a view
                 a = a.clone(memory_format=torch.contiguous_format)  # at an odd offset goes through a fresh copy
             return launch_bitplace_partials(triton_kernels.bitplace_partials_kernel, codes, scales, a, partials,
@@ -220,7 +224,9 @@ class TritonBitplaceBackend(TritonEmulationBackend):
                                             2 if nvfp4 and prep.constexprs.get("NV_NORMAL") else int(nvfp4), pdl,
                                             gluon_programs_at_once(block_n, maxnreg, stages, gated, nvfp4,
                                                                    multiprocessors(a.device)) if persistent else 0,
-                                            **({"serial": serial} if serial else {}))
+                                            **({"serial": serial} if serial else {}),
+                                            **({"prefetch": (ids, prefetch_chunks)}
+                                               if prefetch_chunks and ids is not None and a.shape[0] <= 16 else {}))
         return run
 
 
@@ -393,6 +399,18 @@ GLUON_PDL_BYTES = 25 << 20
 # 32 configs a model): Kimi-K2 GEMM1 128 rows split 2 (512 warpgroups against 256) 88.4 us against 89.6-96.5 at 64;
 # gpt-oss-120b 64 rows for both GEMMs (368 against 360 warpgroups: no gain) 36.6 against 38.7 with GEMM2 at 128
 GLUON_WIDE_GAIN = 1.5
+# GEMM1 at most 16 tokens under pdl: each program's first GLUON_W13_PREFETCH K chunks of gate and up weights
+# prefetched into L2 before its wait for the routing launch (the tiles' w13_prefetch, gluon_kernels' PDL 3), so that
+# the weight stream starts while moe_align_kernel runs (GEMM1 waits for it ~2 us at one token), where GEMM1's
+# weights of the call are at most GLUON_W13_PREFETCH_BYTES. On an H100 (results/gpu-issue28/run-33, replay wall
+# time, time line): gpt-oss-120b one token (GEMM1 35 MB) MXFP4 39.8 -> 38.8 us, NVFP4 W4A4 43.4 -> 42.4 with 4 chunks
+# (a program's 11 at split 2), 41.4 / 46.1 with all of them; Kimi-K2 one token (125 MB) 101.4 -> 103.5 (4) and
+# 112.4 (all), gpt-oss-120b 8 tokens (220 MB) 158.7 -> 159.6 (4) and 182.7 (all): a prefetch past what L2 keeps
+# beside GEMM2's (pdl 1) evicts lines before they are read.
+# MOE_CONFORMANCE_GLUON_W13_PREFETCH=N sets N chunks at every decode point (0: off) for A/B runs
+GLUON_W13_PREFETCH = 4
+GLUON_W13_PREFETCH_BYTES = 40 << 20
+GLUON_W13_PREFETCH_SET = os.environ.get("MOE_CONFORMANCE_GLUON_W13_PREFETCH")
 
 
 def gluon_programs_per_sm(block_n: int, maxnreg: int = GLUON_MAXNREG) -> int:
@@ -444,11 +462,21 @@ class TritonBitplaceGluonBackend(TritonBitplaceBackend):
             if GLUON_PDL is None:
                 tiles["pdl_bytes"] = GLUON_PDL_BYTES
             tiles["one_wave_rows"] = 1
+            if GLUON_W13_PREFETCH_SET is None:
+                tiles["w13_prefetch_bytes"] = GLUON_W13_PREFETCH_BYTES
+            elif int(GLUON_W13_PREFETCH_SET):
+                tiles["w13_prefetch"] = int(GLUON_W13_PREFETCH_SET)
         if tiles["block_m"] == 16 and "pdl_bytes" not in tiles:
             tiles.setdefault("pdl", int(GLUON_PDL or 0))
         return tiles
 
     def resolve_tiles(self, tiles: dict, prepared, p: int, dev) -> dict:
+        if "w13_prefetch_bytes" in tiles:  # GEMM1's prefetch before its wait where its weights of the call fit
+            w13_bytes = min(prepared.ckpt.num_experts, p) * sum(
+                t[0].numel() * t.element_size() for t in (prepared.w13, prepared.w13_scale) if t is not None)
+            fits = w13_bytes <= tiles["w13_prefetch_bytes"]
+            tiles = {**{k: v for k, v in tiles.items() if k != "w13_prefetch_bytes"},
+                     **({"w13_prefetch": GLUON_W13_PREFETCH} if fits else {})}
         if tiles.get("one_wave_rows"):  # both GEMMs' rows a program by the one-wave rule, then the splits
             tiles = {k: v for k, v in tiles.items() if k != "one_wave_rows"}
             ckpt = prepared.ckpt
