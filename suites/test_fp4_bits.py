@@ -766,6 +766,35 @@ def test_the_gluon_decode_reads_the_tma_boxes_of_every_tile_in_the_stored_order(
                 assert not bad.any(), (e, first, c, int(bad.sum()), tuple(bad.nonzero()[0].tolist()))
 
 
+@pytest.mark.parametrize("per_chunk", [4, 8])
+def test_the_tile_major_layout_holds_each_tma_box_of_the_pair_layout_as_one_contiguous_run(per_chunk):
+    """tile_major_codes / tile_major_scales (the Gluon kernel's TILE_MAJOR): the 4 KB of codes and the 64 x per_chunk
+    scale bytes of tile t, chunk c of expert e are exactly the pair layout's TMA boxes there ([32 row pairs, 32 words]
+    at row pair e N / 2 + 32 t, word 32 c; scales_by_chunk's box at chunk row e chunks + c, byte 64 per_chunk t), and
+    they lie at row (e N / 64 + t) chunks + c of the tile-major copies: a tile's K steps one run."""
+    from harness.backends.gluon_kernels import scales_by_chunk, tile_major_codes, tile_major_scales
+
+    g = torch.Generator().manual_seed(per_chunk)
+    e, n, chunks = 3, 192, 5
+    codes = torch.randint(0, 256, (e, n, chunks * 64), generator=g, dtype=torch.uint8)
+    scales = torch.randint(0, 256, (e, n, chunks * per_chunk), generator=g, dtype=torch.uint8)
+    pair_boxes = codes.view(e * n // 2, chunks * 128).view(torch.int32)
+    by_chunk = scales_by_chunk(scales, n, chunks, per_chunk)
+    tm_codes, tm_scales = tile_major_codes(codes), tile_major_scales(scales, per_chunk)
+    assert tm_codes.shape == (e * n // 64 * chunks * 32, 32) and tm_codes.is_contiguous()
+    rows = per_chunk // 4  # 256-byte rows a tile's chunk of scales
+    for ei in range(e):
+        for t in range(n // 64):
+            for c in range(chunks):
+                at = (ei * (n // 64) + t) * chunks + c
+                assert torch.equal(tm_codes[32 * at:32 * at + 32],
+                                   pair_boxes[ei * n // 2 + 32 * t:ei * n // 2 + 32 * t + 32, 32 * c:32 * c + 32])
+                assert torch.equal(tm_scales[rows * at:rows * at + rows].reshape(-1),
+                                   by_chunk[ei * chunks + c, 64 * per_chunk * t:64 * per_chunk * (t + 1)])
+    with pytest.raises(ValueError, match="64-row tiles"):
+        tile_major_codes(codes[:, :96])
+
+
 def test_the_gluon_nvfp4_decode_reads_its_512_byte_scale_boxes_in_block_order():
     """The NVFP4 path of gluon_kernels in torch: the scale box of a 64-row tile is 2 rows of 256 bytes of
     scales_by_chunk(.., 8) seen as [-1, 256], at row (expert * chunks + chunk) * N_ROWS / 32 + first row / 32
@@ -815,6 +844,7 @@ def test_gemm1_prefetches_its_weights_before_its_wait_only_where_the_ids_rank_it
     from harness.backends import gluon_kernels
     from harness.backends import triton_kernels as K
     from harness.backends.triton_bitplace import TritonBitplaceGluonBackend
+    from harness.backends.triton_emulation import scheme_kinds
     from reference.checkpoints import make_checkpoint
 
     monkeypatch.setattr(K, "INTERPRET", False)
@@ -823,7 +853,7 @@ def test_gemm1_prefetches_its_weights_before_its_wait_only_where_the_ids_rank_it
     prep = gluon.prepare(make_checkpoint("w_mxfp4", "SWIGLUOAI", 2, 256, 128, seed=0, with_bias=True))
     seen = []
     monkeypatch.setattr(gluon_kernels, "launch_bitplace_partials",
-                        lambda *args, **kwargs: seen.append((args[-2], kwargs.get("prefetch"))))
+                        lambda *args, **kwargs: seen.append((args[-2], kwargs.get("prefetch"), kwargs.get("tile_major"))))
     decode = dict(block_m=16, block_n=64, num_warps=4, num_stages=4, w13_prefetch=4)
     ids = torch.tensor([1, 0, 0, 1])
 
@@ -832,7 +862,9 @@ def test_gemm1_prefetches_its_weights_before_its_wait_only_where_the_ids_rank_it
         gluon._partials_kernel(prep, which, 0, tiles, None, 128, 256, 256)(
             torch.zeros(tokens, 256, dtype=torch.bfloat16), None, None, None, tokens * 2, 2, 128, 256, 256,
             which == "w13", 1, ids=ids.repeat(tokens // 2))
-        (pdl, prefetch), = seen
+        (pdl, prefetch, tile_major), = seen
+        assert (tile_major is not None) == bool(tiles.get("tile_major")) and (
+            tile_major is None or tile_major is prep.extras[f"{which}_tile_major"]), (which, tiles)
         return pdl, None if prefetch is None else (prefetch[0].tolist(), prefetch[1])
 
     assert launch("w13", dict(decode, pdl=1)) == (1, ([1, 0, 0, 1], 4))
@@ -842,10 +874,13 @@ def test_gemm1_prefetches_its_weights_before_its_wait_only_where_the_ids_rank_it
     assert launch("w13", dict(decode, pdl=0)) == (0, None)
     assert launch("w13", dict(decode, pdl=1, persistent=1))[1] is None
     assert launch("w13", dict(decode, pdl=1, w13_prefetch=0)) == (1, None)
+    # tile_major: both GEMMs get the prepared tile-major copy (launch checks which), the prefetch as before
+    assert launch("w13", dict(decode, pdl=1, tile_major=1)) == (1, ([1, 0, 0, 1], 4))
+    assert launch("w2", dict(decode, pdl=1, tile_major=1)) == (2, None)
+    assert gluon.tile_config(2, *scheme_kinds(prep.ckpt.scheme))["tile_major"] == 1  # the table's decode row
     # the table's decode row: w13_prefetch where GEMM1's weights of the call (one expert a pair at most) fit
     # GLUON_W13_PREFETCH_BYTES (gpt-oss-120b one token: 35 MB), else none
     from harness.backends import triton_bitplace
-    from harness.backends.triton_emulation import scheme_kinds
 
     def resolved(pairs):
         return gluon.resolve_tiles(gluon.tile_config(pairs, *scheme_kinds(prep.ckpt.scheme)), prep, pairs, "cpu")
@@ -952,7 +987,8 @@ def test_the_gluon_gemm_takes_exactly_the_launches_its_contract_covers(monkeypat
     gluon, plain = TritonBitplaceGluonBackend(), TritonBitplaceBackend()
     gluon.device = plain.device = "cpu"
     prep = gluon.prepare(ckpt)
-    assert set(prep.extras) == {"w13_scale_by_chunk", "w2_scale_by_chunk"} and not plain.prepare(ckpt).extras
+    assert set(prep.extras) == {"w13_scale_by_chunk", "w2_scale_by_chunk", "w13_tile_major", "w2_tile_major"}
+    assert not plain.prepare(ckpt).extras
     decode = dict(block_m=16, block_n=64, num_warps=4, num_stages=4)
     prefill = dict(decode, block_m=64)
     from harness.backends import triton_bitplace

@@ -221,7 +221,8 @@ def test_the_kernels_a_forward_launches_compile_for_sm90_without_a_gpu(tmp_path)
       against triton_kernels.PDL_ORDER (compile_check.dependent_launch_violations); pdl 2 the same chain with GEMM2
       waiting at entry (no L2 prefetch); NVFP4 factors by multiplies and by an exponent add (NV_NORMAL);
       persistent grids with one and two warpgroups, with and without pdl; GEMM1 prefetching its weights into L2
-      before its wait (w13_prefetch: PDL 3, the ids its only loads there); and the registered backend's defaults
+      before its wait (w13_prefetch: PDL 3, the ids its only loads there); the weights tile-major (tile_major);
+      and the registered backend's defaults
       (GEMM2's weights of a small model far below GLUON_PDL_BYTES: the chain launches as dependents)."""
     from harness.backends.compile_check import LAUNCHED_KERNELS
 
@@ -281,6 +282,12 @@ def test_the_kernels_a_forward_launches_compile_for_sm90_without_a_gpu(tmp_path)
     gluon.update({f"triton_bitplace_gluon/{case}@tokens=1,block_m=16,num_warps=4,block_n={block_n},pdl=1,"
                   f"w13_prefetch={chunks}": 1
                   for case, block_n, chunks in (("w_mxfp4/SWIGLUOAI", 64, 4), ("w_nvfp4/SILU", 128, 99))})
+    # the weights tile-major (tile_major: each 64-row tile's K steps one contiguous run), with GEMM1's and GEMM2's
+    # prefetches of that layout
+    tile_major = {f"triton_bitplace_gluon/{case}@tokens=1,block_m=16,num_warps=4,block_n={block_n},pdl=1,"
+                  f"w13_prefetch=4,tile_major=1": 1
+                  for case, block_n in (("w_mxfp4/SWIGLUOAI", 64), ("w_nvfp4_a_nvfp4/SILU", 128))}
+    gluon.update(tile_major)
     cmd = [sys.executable, "-m", "harness.backends.compile_check", "--tokens", "1", "2048", "--intermediate", "384"]
     for case in (cases + [serial, scale_regs] + tma + tails + inline + persistent + warp_specialized + list(gluon)
                  + [default_gluon] + list(gluon_serial)):
@@ -328,7 +335,12 @@ def test_the_kernels_a_forward_launches_compile_for_sm90_without_a_gpu(tmp_path)
     for case, pdl in list(gluon.items()) + [(default_gluon, 1)]:
         assert "bitplace_partials_kernel x2" in launched[case], launched[case]
         assert launched[case].endswith(f" {4 if pdl else 0} dependents"), launched[case]
-    assert sum("bitplace_partials_kernel (PDL 3)" in line for line in run.stdout.splitlines()) == 2, run.stdout[-2000:]
+    # GEMM1 of the four w13_prefetch cases and of the table's defaults (the small model's GEMM1 weights fit
+    # GLUON_W13_PREFETCH_BYTES) prefetch before their wait
+    assert sum("bitplace_partials_kernel (PDL 3)" in line for line in run.stdout.splitlines()) == 5, run.stdout[-2000:]
+    for case in [*tile_major, default_gluon]:  # both GEMMs read the tile-major copy (the table's default too)
+        assert sum(line.startswith("compiled bitplace_partials_kernel") and f"{case}, 1 tokens;" in line
+                   and "tile-major weights" in line for line in run.stdout.splitlines()) == 2, run.stdout[-2000:]
 
 
 def test_a_dependent_launch_that_reads_or_writes_before_its_wait_is_reported():

@@ -28,6 +28,9 @@ into L2 before it waits, under GEMM1's last wave (gpt-oss-120b one token 39.1 ->
 they are too many for L2 waits at entry too (Kimi-K2 one token 91.3 -> 85.6 us, results/gpu-issue28/run-12).
 GEMM1 at most 16 tokens may prefetch its first K chunks into L2 before its wait too (PDL 3: its block's expert ranked
 from the expert ids, _block_expert_by_rank); on an H100 gpt-oss-120b one token 39.8 -> 38.8 us (results/gpu-issue28/run-33).
+TILE_MAJOR: codes and scales read from a tile-major copy (tile_major_codes / tile_major_scales: a tile's K steps one
+contiguous run, each step's box 4 KB in one piece); on an H100 bit for bit and 1.3-3.3% faster at every decode point
+of both models (run-33): the triton_bitplace_gluon default where a GEMM's rows are whole 64-row tiles.
 Quantized activations (W4A4, W4A8: exact bf16 values, their one scale applied by the epilogue kernels) run the same
 kernel: on the H200 bit for bit with triton_bitplace (run-11).
 PERSIST (the tiles' `persistent`, opt-in): the programs that fit at once, each running the plain grid's programs as
@@ -164,10 +167,24 @@ def _decode_tile(codes, f01, f23, DOT: gl.constexpr, ROWS3: gl.constexpr):
 
 
 @gluon.jit
-def _scale_box_at(chunk_row, first_row, N_ROWS, W_NV: gl.constexpr):
+def _code_box_at(code_row, first_row, c, chunks, TILE_MAJOR: gl.constexpr):
+    """The TMA coordinates of a 64-row tile's codes of chunk c (code_row: the expert's first row pair): pair rows
+    [E N_ROWS / 2, chunks x 32 words] at [row pair, 32 c]; TILE_MAJOR (tile_major_codes) [E N_ROWS / 64 x chunks x
+    32, 32 words]: the tile's chunk is the 4 KB at row 32 (tile x chunks + c)."""
+    if TILE_MAJOR:
+        return [((code_row + first_row // 2) // 32 * chunks + c) * 32, 0]
+    else:
+        return [code_row + first_row // 2, c * 32]
+
+
+@gluon.jit
+def _scale_box_at(chunk_row, first_row, N_ROWS, W_NV: gl.constexpr, TILE_MAJOR: gl.constexpr = 0, code_row=0,
+                  c=0, chunks=0):
     """The TMA coordinates of a 64-row tile's scale box in scales_by_chunk's copy: MX [chunk row, 4 first row] of
     [E chunks, 4 N_ROWS]; NVFP4 the 512 bytes at 8 (chunk row N_ROWS + first row), as rows of 256 bytes."""
-    if W_NV:
+    if TILE_MAJOR:  # tile_major_scales: a tile's chunk is one 256-byte row (MX) or two (NVFP4)
+        return [((code_row + first_row // 2) // 32 * chunks + c) * (2 if W_NV else 1), 0]
+    elif W_NV:
         return [chunk_row * (N_ROWS // 32) + first_row // 32, 0]
     else:
         return [chunk_row, first_row * 4]
@@ -185,27 +202,38 @@ def _prefetch_l2(at, nbytes, ok):
 
 @gluon.jit
 def _prefetch_program_weights(codes_ptr, scales_ptr, code_row, scale_row, g_col, c_lo, c_hi, chunks, N_ROWS,
-                              TILES: gl.constexpr, PER_CHUNK: gl.constexpr):
+                              TILES: gl.constexpr, PER_CHUNK: gl.constexpr, TILE_MAJOR: gl.constexpr = 0):
     """This program's codes and block scales (ungated: 64 TILES rows from g_col, chunks c_lo .. c_hi - 1) into L2,
     while the kernel before it still runs (PDL_ORDER): each row pair's chunks are one run of (c_hi - c_lo) x 128
     bytes (pair_rows), each chunk's scales of the program's rows one run of 64 TILES x PER_CHUNK bytes
-    (scales_by_chunk). One prefetch a thread; chunks past the first round's threads in further rounds."""
+    (scales_by_chunk). One prefetch a thread; chunks past the first round's threads in further rounds.
+    TILE_MAJOR: each tile's codes one run of (c_hi - c_lo) x 4 KB, its scales one of (c_hi - c_lo) x 64 PER_CHUNK
+    bytes (tile_major_codes / tile_major_scales)."""
     i = gl.arange(0, 128, layout=PREFETCH_ITEMS)
-    CODE_ITEMS: gl.constexpr = 32 * TILES
-    is_code = i < CODE_ITEMS
-    # rows within N_ROWS only (two tiles a program: the last one's second may lie past it), and a split with no
-    # chunks prefetches nothing (a size of 0 or below would be read as ~4 GB)
-    code_ok = is_code & (g_col + 2 * i < N_ROWS) & (c_hi > c_lo)
-    scale_bytes = gl.minimum(64 * TILES, N_ROWS - g_col) * PER_CHUNK  # whole 16 bytes: N_ROWS % 4 == 0
-    code_at = codes_ptr + ((code_row + g_col // 2 + i).to(gl.int64) * chunks + c_lo) * 128
-    c = c_lo + i - CODE_ITEMS
-    scale_at = scales_ptr + ((scale_row + c).to(gl.int64) * N_ROWS + g_col) * PER_CHUNK
-    _prefetch_l2(gl.where(is_code, code_at, scale_at), gl.where(is_code, (c_hi - c_lo) * 128, scale_bytes),
-                 code_ok | (~is_code & (c < c_hi)))
-    for c0 in range(c_lo + 128 - CODE_ITEMS, c_hi, 128):
-        c = c0 + i
-        _prefetch_l2(scales_ptr + ((scale_row + c).to(gl.int64) * N_ROWS + g_col) * PER_CHUNK,
-                     (i & 0) + scale_bytes, c < c_hi)
+    if TILE_MAJOR:
+        # items 2 t (codes) and 2 t + 1 (scales) of tile t; tiles within N_ROWS only, a split with no chunks none
+        tile = (code_row + g_col // 2) // 32 + i // 2
+        ok = (i < 2 * TILES) & (g_col + 64 * (i // 2) < N_ROWS) & (c_hi > c_lo)
+        first = tile.to(gl.int64) * chunks + c_lo
+        is_code = i % 2 == 0
+        _prefetch_l2(gl.where(is_code, codes_ptr + first * 4096, scales_ptr + first * (64 * PER_CHUNK)),
+                     gl.where(is_code, (c_hi - c_lo) * 4096, (c_hi - c_lo) * (64 * PER_CHUNK)), ok)
+    else:
+        CODE_ITEMS: gl.constexpr = 32 * TILES
+        is_code = i < CODE_ITEMS
+        # rows within N_ROWS only (two tiles a program: the last one's second may lie past it), and a split with no
+        # chunks prefetches nothing (a size of 0 or below would be read as ~4 GB)
+        code_ok = is_code & (g_col + 2 * i < N_ROWS) & (c_hi > c_lo)
+        scale_bytes = gl.minimum(64 * TILES, N_ROWS - g_col) * PER_CHUNK  # whole 16 bytes: N_ROWS % 4 == 0
+        code_at = codes_ptr + ((code_row + g_col // 2 + i).to(gl.int64) * chunks + c_lo) * 128
+        c = c_lo + i - CODE_ITEMS
+        scale_at = scales_ptr + ((scale_row + c).to(gl.int64) * N_ROWS + g_col) * PER_CHUNK
+        _prefetch_l2(gl.where(is_code, code_at, scale_at), gl.where(is_code, (c_hi - c_lo) * 128, scale_bytes),
+                     code_ok | (~is_code & (c < c_hi)))
+        for c0 in range(c_lo + 128 - CODE_ITEMS, c_hi, 128):
+            c = c0 + i
+            _prefetch_l2(scales_ptr + ((scale_row + c).to(gl.int64) * N_ROWS + g_col) * PER_CHUNK,
+                         (i & 0) + scale_bytes, c < c_hi)
 
 
 # [pairs i, pairs j] compares of the call's expert ids over the default partition's warpgroup (_block_expert_by_rank)
@@ -235,9 +263,10 @@ def _block_expert_by_rank(ids_ptr, n_pairs, block, P: gl.constexpr):
 def _producer(codes_desc, scales_desc, a_ptr, sorted_rows_ptr, n_pairs, a_row_div, K, N_OUT, code_s, scale_s, x_s,
               ready, empty, pid_m, code_row, scale_row, g_col0, c_lo, c_hi, N_ROWS, GATED: gl.constexpr,
               W_NV: gl.constexpr, STAGES: gl.constexpr, TILES: gl.constexpr, BM: gl.constexpr, XL: gl.constexpr,
-              it0=0):
+              it0=0, TILE_MAJOR: gl.constexpr = 0, chunks=0):
     """One work item's K steps into the ring, its first at ring position it0 (slot it0 % STAGES; a persistent
-    program's items follow one another on one ring)."""
+    program's items follow one another on one ring); TILE_MAJOR: codes and scales in tile_major_codes /
+    tile_major_scales' layout (each tile's K steps one contiguous run)."""
     pair = gl.load(sorted_rows_ptr + pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, XL)))
     cols = gl.arange(0, 128, layout=gl.SliceLayout(0, XL))
     x_ptrs = a_ptr + (pair // a_row_div).to(gl.int64)[:, None] * K + cols[None, :]
@@ -256,14 +285,16 @@ def _producer(codes_desc, scales_desc, a_ptr, sorted_rows_ptr, n_pairs, a_row_di
         for j in gl.static_range(TILES):  # the activation rows once, the weights of every 64-row tile
             g_col = g_col0 + 64 * j  # past N_OUT (the second tile of the last program): rows that are not stored
             slot = (s * TILES + j) * NB
-            _tma_load(codes_desc, [code_row + g_col // 2, c * 32], ready.index(s), code_s.index(slot))
-            _tma_load(scales_desc, _scale_box_at(scale_row + c, g_col, N_ROWS, W_NV), ready.index(s),
-                      scale_s.index(slot))
+            _tma_load(codes_desc, _code_box_at(code_row, g_col, c, chunks, TILE_MAJOR), ready.index(s),
+                      code_s.index(slot))
+            _tma_load(scales_desc, _scale_box_at(scale_row + c, g_col, N_ROWS, W_NV, TILE_MAJOR, code_row, c, chunks),
+                      ready.index(s), scale_s.index(slot))
             if GATED:
                 u_col = g_col + N_OUT
-                _tma_load(codes_desc, [code_row + u_col // 2, c * 32], ready.index(s), code_s.index(slot + 1))
-                _tma_load(scales_desc, _scale_box_at(scale_row + c, u_col, N_ROWS, W_NV), ready.index(s),
-                          scale_s.index(slot + 1))
+                _tma_load(codes_desc, _code_box_at(code_row, u_col, c, chunks, TILE_MAJOR), ready.index(s),
+                          code_s.index(slot + 1))
+                _tma_load(scales_desc, _scale_box_at(scale_row + c, u_col, N_ROWS, W_NV, TILE_MAJOR, code_row, c,
+                                                     chunks), ready.index(s), scale_s.index(slot + 1))
 
 
 @gluon.jit
@@ -486,7 +517,7 @@ def bitplace_partials_kernel(codes_desc, scales_desc, a_ptr, out_ptr, sorted_row
                              HAS_BIAS: gl.constexpr = False, INTERLEAVED: gl.constexpr = False, ACT: gl.constexpr = 0,
                              APPLY_ACT: gl.constexpr = False, HAS_LIMIT: gl.constexpr = False,
                              QUANT_NVFP4: gl.constexpr = False, ids_ptr=None, P_IDS: gl.constexpr = 16,
-                             prefetch_chunks=0):
+                             prefetch_chunks=0, TILE_MAJOR: gl.constexpr = 0):
     """fp32 partial sums [SPLIT_K, pairs, 2, N_OUT] of expert block program_id(0) (16 pairs), output rows
     64 TILES program_id(1) .. + 64 TILES - 1 (gate; up N_OUT rows on when GATED), K chunks of share program_id(2).
     TILES 2: two consumer warpgroups, a 64-row tile each, on one ring (the activation rows loaded once).
@@ -497,6 +528,8 @@ def bitplace_partials_kernel(codes_desc, scales_desc, a_ptr, out_ptr, sorted_row
     _block_expert_by_rank) and prefetches its first prefetch_chunks K chunks of gate and up weights into L2, so that
     the weight stream starts while the routing launch still runs; the expert it computes with is still
     block_expert's, read after the wait (the prefetch is a hint: a wrong guess costs bandwidth, never bits).
+    TILE_MAJOR 1: codes_desc / scales_desc (and codes_ptr / scales_ptr) of tile_major_codes / tile_major_scales'
+    layout: each 64-row tile's K steps one contiguous run (N_ROWS and, gated, N_OUT multiples of 64; not persistent).
     PERSIST 1: a persistent grid (one dimension, at most the programs that fit at once): each program runs the work
     items program_id(0), + num_programs(0), ... of the plain grid's n_blocks x N tiles x SPLIT_K (_item) on one ring,
     the next item's loads under the last one's MMAs and stores (schedule 0; PDL 1 or none).
@@ -509,6 +542,7 @@ def bitplace_partials_kernel(codes_desc, scales_desc, a_ptr, out_ptr, sorted_row
         gdc_launch_dependents()
     if PERSIST:
         gl.static_assert(SERIAL == 0, "a persistent launch leaves the epilogue to splitk_epilogue_kernel")
+        gl.static_assert(TILE_MAJOR == 0, "a persistent launch reads the pair-row layout")
         code_s, scale_s, x_s, ready, empty = _ring(codes_desc, scales_desc, GATED, W_NV, STAGES, TILES, BM, XS)
         n_tiles = gl.cdiv(N_OUT, 64 * TILES)
         if TILES == 1:
@@ -548,14 +582,14 @@ def bitplace_partials_kernel(codes_desc, scales_desc, a_ptr, out_ptr, sorted_row
                 for half in gl.static_range(2):  # the gate rows, then the up rows
                     _prefetch_program_weights(codes_ptr, scales_ptr, guess * (N_ROWS // 2), guess * chunks,
                                               g_col + half * N_OUT, c_lo, c_end, chunks, N_ROWS, TILES,
-                                              8 if W_NV else 4)
+                                              8 if W_NV else 4, TILE_MAJOR)
             gdc_wait()  # block_expert and the activations (the routing launch's) and every write after
             gdc_launch_dependents()
         expert = gl.load(block_expert_ptr + pid_m)
         if expert >= 0:
             if PDL == 2:
                 _prefetch_program_weights(codes_ptr, scales_ptr, expert * (N_ROWS // 2), expert * chunks, g_col, c_lo,
-                                          c_hi, chunks, N_ROWS, TILES, 8 if W_NV else 4)
+                                          c_hi, chunks, N_ROWS, TILES, 8 if W_NV else 4, TILE_MAJOR)
                 gdc_wait()  # the activation rows (GEMM1's, by its epilogue kernel or its own) and every write after
                 gdc_launch_dependents()
             code_s, scale_s, x_s, ready, empty = _ring(codes_desc, scales_desc, GATED, W_NV, STAGES, TILES, BM, XS)
@@ -571,7 +605,7 @@ def bitplace_partials_kernel(codes_desc, scales_desc, a_ptr, out_ptr, sorted_row
                                   QUANT_NVFP4)),
                      (_producer, (codes_desc, scales_desc, a_ptr, sorted_rows_ptr, n_pairs, a_row_div, K, N_OUT, code_s,
                                   scale_s, x_s, ready, empty, pid_m, code_row, scale_row, g_col, c_lo, c_hi, N_ROWS,
-                                  GATED, W_NV, STAGES, TILES, BM, XL))],
+                                  GATED, W_NV, STAGES, TILES, BM, XL, 0, TILE_MAJOR, chunks))],
                     [PRODUCER_WARPS], [40])
             else:
                 gl.warp_specialize(
@@ -589,7 +623,7 @@ def bitplace_partials_kernel(codes_desc, scales_desc, a_ptr, out_ptr, sorted_row
                                   QUANT_NVFP4)),
                      (_producer, (codes_desc, scales_desc, a_ptr, sorted_rows_ptr, n_pairs, a_row_div, K, N_OUT, code_s,
                                   scale_s, x_s, ready, empty, pid_m, code_row, scale_row, g_col, c_lo, c_hi, N_ROWS,
-                                  GATED, W_NV, STAGES, TILES, BM, XL))],
+                                  GATED, W_NV, STAGES, TILES, BM, XL, 0, TILE_MAJOR, chunks))],
                     [4, PRODUCER_WARPS], [SECOND_CONSUMER_REGS, 40])
 
 
@@ -603,11 +637,34 @@ def scales_by_chunk(scales, n_rows: int, chunks: int, per_chunk: int = 4):
     return rows.reshape(e * chunks, n_rows * per_chunk).contiguous()
 
 
+def tile_major_codes(codes):
+    """triton_bitplace's codes with rows in pairs ([E, N, chunks x 64] bytes: [E, N / 2 pairs, chunks, 128]) ->
+    [E x N / 64 x chunks x 32, 32] int32: each 64-row tile's chunks one after another, a chunk's 32 row pairs as one
+    4 KB run (the TMA box of _code_box_at's TILE_MAJOR), so that a program's K steps read one contiguous run of
+    its tile instead of 128 bytes from each of 32 rows (N a multiple of 64). A pure data movement."""
+    e, n, width = codes.shape
+    if n % 64 or width % 64:
+        raise ValueError(f"tile_major_codes takes rows in whole 64-row tiles and whole chunks, got {tuple(codes.shape)}")
+    tiles = codes.view(e, n // 64, 32, width // 64, 128).transpose(2, 3).contiguous()
+    return tiles.view(torch.int32).reshape(-1, 32)
+
+
+def tile_major_scales(scales, per_chunk: int = 4):
+    """triton_bitplace's block scales with rows in pairs ([E, N, chunks x per_chunk] bytes) -> [E x N / 64 x chunks
+    x per_chunk / 4, 256]: a 64-row tile's scale bytes of one chunk (the same 256 or 512 bytes in the same order as
+    scales_by_chunk's box) one after another along the tile's chunks. A pure data movement."""
+    e, n, width = scales.shape
+    if n % 64 or width % per_chunk:
+        raise ValueError(f"tile_major_scales takes whole 64-row tiles and chunks, got {tuple(scales.shape)}")
+    tiles = scales.view(e, n // 64, 32, width // per_chunk, 2 * per_chunk).transpose(2, 3).contiguous()
+    return tiles.reshape(-1, 256)
+
+
 def launch_bitplace_partials(launcher, codes, scales_t, a, partials, sorted_rows, block_expert, n_pairs: int,
                              a_row_div: int, n_out: int, n_rows: int, k_dim: int, gated: bool, split_k: int,
                              stages: int, maxnreg: int, overlap: int = 0, tiles: int = 1, nvfp4: int = 0,
                              pdl: int = 0, persistent: int = 0, serial: dict | None = None,
-                             prefetch: tuple | None = None):
+                             prefetch: tuple | None = None, tile_major: tuple | None = None):
     """One launch of bitplace_partials_kernel through `launcher` (triton_kernels' attribute, so that
     compile_check can record it): codes [E, N_ROWS, chunks * 64] bytes (rows in pairs), scales_t from
     scales_by_chunk, partials fp32 [split_k, n_pairs, 2, n_out]; overlap: the consumer's schedule (_consumer);
@@ -619,7 +676,9 @@ def launch_bitplace_partials(launcher, codes, scales_t, a, partials, sorted_rows
     GEMM2's prefetch mode 2 as mode 1: the items' weights are not one program's); serial: None, or the kernel's
     SERIAL operands (count_ptr, final_ptr, splitk_epilogue_kernel's scales, bias, scalars and flags): each tile finished
     in this launch, no epilogue kernel after it; prefetch: None, or (the call's expert ids, flat; K chunks) for GEMM1's
-    PDL 3: each program's first that many chunks of weights into L2 before its wait (at most 16 tokens, pdl 1)."""
+    PDL 3: each program's first that many chunks of weights into L2 before its wait (at most 16 tokens, pdl 1);
+    tile_major: None, or (tile_major_codes, tile_major_scales) of the same weights, read instead (TILE_MAJOR: n_rows
+    and, gated, n_out multiples of 64; not persistent)."""
     if pdl == 2 and gated:
         raise ValueError("pdl 2 (weights prefetched before the wait) is GEMM2's mode: ungated tiles only")
     if prefetch is not None:
@@ -638,16 +697,26 @@ def launch_bitplace_partials(launcher, codes, scales_t, a, partials, sorted_rows
         raise ValueError(f"a persistent launch runs the consumer's schedule 0 only, not {overlap}")
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+    if tile_major is not None and (persistent or n_rows % 64 or gated and n_out % 64):
+        raise ValueError(f"tile_major reads whole 64-row tiles on the plain grid: n_rows {n_rows} and, gated, n_out "
+                         f"{n_out} multiples of 64, persistent 0 (got {persistent})")
     e = codes.shape[0]
     chunks = codes.shape[2] // 64
-    codes_desc = TensorDescriptor.from_tensor(codes.view(e * n_rows // 2, chunks * 128).view(torch.int32),
-                                              CODE_BOX, CODE_SMEM)
+    if tile_major is not None:
+        codes, scales_t = tile_major  # (the prefetches read these too)
+        codes_desc = TensorDescriptor.from_tensor(codes, CODE_BOX, CODE_SMEM)
+    else:
+        codes_desc = TensorDescriptor.from_tensor(codes.view(e * n_rows // 2, chunks * 128).view(torch.int32),
+                                                  CODE_BOX, CODE_SMEM)
     if nvfp4:
         scales_desc = TensorDescriptor.from_tensor(scales_t.view(-1, 256), NVFP4_SCALE_BOX, SCALE_SMEM)
     else:
         scales_desc = TensorDescriptor.from_tensor(scales_t, SCALE_BOX, SCALE_SMEM)
     grid = (block_expert.numel(), -(-n_out // (64 * tiles)), split_k)
-    extra = dict(codes_ptr=codes, scales_ptr=scales_t, PDL=pdl, launch_pdl=True) if pdl else {}
+    # (the prefetches' addresses are in bytes)
+    extra = dict(codes_ptr=codes.view(torch.uint8), scales_ptr=scales_t, PDL=pdl, launch_pdl=True) if pdl else {}
+    if tile_major is not None:
+        extra["TILE_MAJOR"] = 1
     if prefetch is not None:
         extra.update(PDL=3, ids_ptr=ids, P_IDS=max(16, 1 << (n_pairs - 1).bit_length()),
                      prefetch_chunks=prefetch_chunks)

@@ -172,6 +172,13 @@ class TritonBitplaceBackend(TritonEmulationBackend):
             per_chunk = 128 // block  # scale bytes a row and chunk: 4 MX, 8 NVFP4
             extras = {f"{k}_by_chunk": scales_by_chunk(laid[k], laid[k].shape[1], laid[k].shape[2] // per_chunk,
                                                        per_chunk) for k in ("w13_scale", "w2_scale")}
+            if GLUON_TILE_MAJOR or (self.tiles or {}).get("tile_major"):
+                # (a second copy of the weights: the A/B's, while the prefill path reads pair rows)
+                from .gluon_kernels import tile_major_codes, tile_major_scales
+
+                extras.update({f"{k}_tile_major": (tile_major_codes(laid[k]), tile_major_scales(laid[f"{k}_scale"],
+                                                                                                 per_chunk))
+                               for k in ("w13", "w2") if laid[k].shape[1] % 64 == 0})
         constexprs = dict(BITPLACE=True, ROW_PAIRS=self.row_pairs)
         if NVFP4_EXPONENT_ADD and not mx and all(bool(((s & 0x78) != 0).all()) for s in scales):
             # every E4M3 scale normal (no zero, no subnormal): the factors by an integer add (triton_kernels.
@@ -214,6 +221,9 @@ class TritonBitplaceBackend(TritonEmulationBackend):
         # before its wait for the routing launch, its block's expert ranked from the expert ids (PDL 3)
         prefetch_chunks = tiles.get("w13_prefetch") if which == "w13" and pdl == 1 and not persistent else 0
 
+        # the tile-major copy of the weights (GLUON_TILE_MAJOR) where this GEMM's rows are whole 64-row tiles
+        tile_major = prep.extras.get(f"{which}_tile_major") if tiles.get("tile_major") and not persistent else None
+
         def run(a, partials, sorted_rows, block_expert, n_pairs, a_row_div, n_out, n_rows, k_dim, gated, split_k,
                 serial=None, ids=None):
             if a.data_ptr() % 16 or a.stride() != (k_dim, 1):  # cp.async moves 16-byte runs of whole rows: a view
@@ -226,7 +236,9 @@ class TritonBitplaceBackend(TritonEmulationBackend):
                                                                    multiprocessors(a.device)) if persistent else 0,
                                             **({"serial": serial} if serial else {}),
                                             **({"prefetch": (ids, prefetch_chunks)}
-                                               if prefetch_chunks and ids is not None and a.shape[0] <= 16 else {}))
+                                               if prefetch_chunks and ids is not None and a.shape[0] <= 16 else {}),
+                                            **({"tile_major": tile_major}
+                                               if tile_major and not (gated and n_out % 64) else {}))
         return run
 
 
@@ -409,6 +421,17 @@ GLUON_WIDE_GAIN = 1.5
 # beside GEMM2's (pdl 1) evicts lines before they are read.
 # MOE_CONFORMANCE_GLUON_W13_PREFETCH=N sets N chunks at every decode point (0: off) for A/B runs
 GLUON_W13_PREFETCH = 4
+# The Gluon kernel reads a second copy of the weights laid out tile-major (gluon_kernels.tile_major_codes /
+# tile_major_scales: each 64-row tile's K steps one contiguous run, a 4 KB TMA box a step, instead of 128 bytes from
+# each of 32 row pairs 2880 bytes apart at gpt-oss-120b's GEMM1), where a GEMM's rows are whole 64-row tiles. Why:
+# run-33's ncu found GEMM1's consumers waiting on their loads about half their time at one and 8 tokens, DRAM at
+# 56% / 75% of its peak, and deeper rings had been slower (run-8): the DRAM's efficiency on scattered 128-byte runs.
+# On an H100 (results/gpu-issue28/run-33 PART=tile, replay wall time, two runs each): bit for bit with
+# triton_bitplace at 36 of 36 points, and faster at every point: gpt-oss-120b MXFP4 1 / 8 / 64 tokens 38.7 -> 38.1,
+# 153.6 -> 150.3, 570.3 -> 551.5 us; Kimi-K2 98.6 -> 96.5, 500.6 -> 488.8, 2385.2 -> 2330.5; NVFP4 W4A4 gpt-oss-120b 8
+# tokens 165.8 -> 162.0. The cost: the backend holds both layouts (its prefill path, moe_gemm_kernel, reads pair
+# rows). MOE_CONFORMANCE_GLUON_TILE_MAJOR=0: pair rows only (A/B runs)
+GLUON_TILE_MAJOR = os.environ.get("MOE_CONFORMANCE_GLUON_TILE_MAJOR", "1") == "1"
 GLUON_W13_PREFETCH_BYTES = 40 << 20
 GLUON_W13_PREFETCH_SET = os.environ.get("MOE_CONFORMANCE_GLUON_W13_PREFETCH")
 
@@ -466,6 +489,8 @@ class TritonBitplaceGluonBackend(TritonBitplaceBackend):
                 tiles["w13_prefetch_bytes"] = GLUON_W13_PREFETCH_BYTES
             elif int(GLUON_W13_PREFETCH_SET):
                 tiles["w13_prefetch"] = int(GLUON_W13_PREFETCH_SET)
+            if GLUON_TILE_MAJOR:
+                tiles["tile_major"] = 1
         if tiles["block_m"] == 16 and "pdl_bytes" not in tiles:
             tiles.setdefault("pdl", int(GLUON_PDL or 0))
         return tiles

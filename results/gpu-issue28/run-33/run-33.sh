@@ -12,6 +12,10 @@
 #               test compiled (every block's expert against moe_align's oracle), bit for bit against the same
 #               kernel without it, then the decode chain's time line with 0 / 4 / 99 chunks
 #               (MOE_CONFORMANCE_GLUON_W13_PREFETCH) at one token on both models and at 8 tokens on gpt-oss-120b
+#   PART=tile   ~4 min: tile_major (the Gluon GEMMs reading a tile-major copy of the weights: each 64-row tile's K
+#               steps one contiguous run, a 4 KB TMA box a step): bit for bit against triton_bitplace (tile_major 0 / 1,
+#               split 1 / 2, 1 / 8 / 64 tokens, graph replays), then the decode chain's replay wall time without and
+#               with it (MOE_CONFORMANCE_GLUON_TILE_MAJOR) at 1 / 8 / 64 tokens on both models
 export PYTHONUNBUFFERED=1
 for part in ${PART:-ncu1}; do
 case $part in
@@ -50,6 +54,28 @@ case $part in
         grep -E "bitplace_partials|moe_align" $OUT/timeline-$1-$2-T$3-pf$pf.log | head -2
       done
     done ;;
+  tile)
+    for ms in gpt-oss-120b:w_mxfp4 kimi-k2:w_nvfp4 gpt-oss-120b:w_nvfp4_a_nvfp4; do
+      MOE_CONFORMANCE_GLUON_TILE_MAJOR=1 timeout 100 python3 tools/bit_for_bit.py --model ${ms%:*} --scheme ${ms#*:} \
+        --tokens 1 8 64 --ref triton_bitplace --ref-config num_stages=3 --backend triton_bitplace_gluon \
+        --config num_stages=4 --config pdl=1 --sweep split_k=1,2 --sweep tile_major=0,1 --replays 3 \
+        2>&1 | grep -v -i warn >> $OUT/tile-bfb.log
+      echo "bit for bit $ms: rc=${PIPESTATUS[0]}"
+    done
+    grep -E "False" $OUT/tile-bfb.log | head -5
+    for point in "gpt-oss-120b w_mxfp4 1" "gpt-oss-120b w_mxfp4 8" "gpt-oss-120b w_mxfp4 64" "kimi-k2 w_mxfp4 1" \
+                 "kimi-k2 w_mxfp4 8" "kimi-k2 w_mxfp4 64" "gpt-oss-120b w_nvfp4_a_nvfp4 8"; do
+      set -- $point
+      line=""
+      for tm in 0 1 0 1; do
+        MOE_CONFORMANCE_GLUON_TILE_MAJOR=$tm timeout 60 python3 tools/chain_timeline.py --model $1 --scheme $2 \
+          --tokens $3 --backend triton_bitplace_gluon --replays 50 2>&1 | grep -v -i warn > $OUT/tl-$1-$2-T$3-tm$tm.log
+        line="$line tm$tm $(grep -m1 -o 'median replay [0-9.]* us' $OUT/tl-$1-$2-T$3-tm$tm.log | cut -d' ' -f3)"
+      done
+      echo "$1 $2 T$3:$line"
+      grep -E "bitplace_partials" $OUT/tl-$1-$2-T$3-tm1.log | head -2
+    done
+    (cd $OUT && tar czf tile.tgz tl-*.log tile-bfb.log && rm -f tl-*.log tile-bfb.log) ;;
   sass)
     for t in 1 8; do
       rep=$OUT/gemm1-gpt-oss-120b-T$t
