@@ -84,24 +84,41 @@ def main(argv=None) -> int:
     ap.add_argument("--backend", required=True)
     ap.add_argument("--replays", type=int, default=20)
     ap.add_argument("--config", action="append", default=[], metavar="KEY=INT")
+    ap.add_argument("--sweep", metavar="NAME=V1,V2,...",
+                    help="an integer constant of harness.backends.triton_bitplace (GLUON_STAGES, GLUON_AHEAD, ...) set "
+                         "to each value in turn, the graph captured again and timed each time, the checkpoint built "
+                         "once (A/B runs in one process; repeat a value, 0,4,0,4, to see the drift)")
     args = ap.parse_args(argv)
     config = {k: int(v) for k, v in (c.split("=", 1) for c in args.config)}
+    sweep = [(None, None)]
+    if args.sweep:
+        from harness.backends import triton_bitplace
+
+        name, values = args.sweep.split("=", 1)
+        if not isinstance(getattr(triton_bitplace, name, None), (int, bool)):
+            ap.error(f"--sweep: {name} is no integer constant of harness.backends.triton_bitplace")
+        sweep = [(name, int(v)) for v in values.split(",")]
     shape = MODEL_SHAPES[args.model]
     for scheme in args.scheme:
         backend, launch = model_launch(shape, scheme, args.backend, args.tokens)
         if config:
             backend.configure(**config)
-        replay, _ = capture(launch)
-        runs = profiled_replays(replay, args.replays)
-        if len(runs) != args.replays or len({len(r) for r in runs}) != 1:
-            print(f"warning: {len(runs)} replays of {sorted({len(r) for r in runs})} kernels in the trace, "
-                  f"{args.replays} expected", flush=True)
-        walls = [timeline(r)[1] for r in runs]
-        median = sorted(range(len(runs)), key=lambda i: walls[i])[len(runs) // 2]
-        lines, wall, busy = timeline(runs[median])
-        print(f"{args.model} {scheme} T={args.tokens} {args.backend}{' ' + str(config) if config else ''}: median replay {statistics.median(walls):.1f} us "
-              f"wall, kernels {busy:.1f} us summed ({len(runs[median])} kernels)\n     start      dur      gap  kernel")
-        print("\n".join(lines), flush=True)
+        for name, value in sweep:
+            label = f"{args.model} {scheme} T={args.tokens} {args.backend}{' ' + str(config) if config else ''}"
+            if name is not None:
+                setattr(triton_bitplace, name, value)  # read by tile_config at each forward, so at each capture
+                label += f" {name}={value}"
+            replay, _ = capture(launch)
+            runs = profiled_replays(replay, args.replays)
+            if len(runs) != args.replays or len({len(r) for r in runs}) != 1:
+                print(f"warning: {len(runs)} replays of {sorted({len(r) for r in runs})} kernels in the trace, "
+                      f"{args.replays} expected", flush=True)
+            walls = [timeline(r)[1] for r in runs]
+            median = sorted(range(len(runs)), key=lambda i: walls[i])[len(runs) // 2]
+            lines, wall, busy = timeline(runs[median])
+            print(f"{label}: median replay {statistics.median(walls):.1f} us wall, kernels {busy:.1f} us summed "
+                  f"({len(runs[median])} kernels)\n     start      dur      gap  kernel")
+            print("\n".join(lines), flush=True)
     return 0
 
 

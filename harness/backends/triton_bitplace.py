@@ -223,6 +223,8 @@ class TritonBitplaceBackend(TritonEmulationBackend):
 
         # the tile-major copy of the weights (GLUON_TILE_MAJOR) where this GEMM's rows are whole 64-row tiles
         tile_major = prep.extras.get(f"{which}_tile_major") if tiles.get("tile_major") and not persistent else None
+        # with it, L2 prefetches of each tile's weights that many K steps past the ring's (the tiles' prefetch_ahead)
+        ahead = tiles.get("prefetch_ahead", 0) if tile_major else 0
 
         def run(a, partials, sorted_rows, block_expert, n_pairs, a_row_div, n_out, n_rows, k_dim, gated, split_k,
                 serial=None, ids=None):
@@ -237,7 +239,7 @@ class TritonBitplaceBackend(TritonEmulationBackend):
                                             **({"serial": serial} if serial else {}),
                                             **({"prefetch": (ids, prefetch_chunks)}
                                                if prefetch_chunks and ids is not None and a.shape[0] <= 16 else {}),
-                                            **({"tile_major": tile_major}
+                                            **({"tile_major": tile_major, "ahead": ahead}
                                                if tile_major and not (gated and n_out % 64) else {}))
         return run
 
@@ -356,9 +358,10 @@ _MX_FOLD = 126  # 2^(s - 1) = 2^(s - 127) x 2^126: the E2M1 placement's bias, fo
 _NVFP4_FOLD = 2.0**7  # NVFP4 weights decode to value x 2^-7 (the E4M3 factor x 2^119 replaces a x 2^126 per pair)
 
 
-GLUON_STAGES = 4  # the Gluon kernel's ring at decode (H200 sweeps, results/gpu-issue28/run-7 and run-8: 3 and 6 slower
-# or no faster from 8 tokens on; a deeper ring wherever it added no wave, 5 or 6 slots, was 1-15% slower at every
-# point of make bench, run-8 ring)
+# the Gluon kernel's ring at decode (H200 sweeps, results/gpu-issue28/run-7 and run-8: 3 and 6 slower or no faster
+# from 8 tokens on; a deeper ring wherever it added no wave, 5 or 6 slots, was 1-15% slower at every point of make
+# bench, run-8 ring; both before the tile-major copy). MOE_CONFORMANCE_GLUON_STAGES=N for A/B runs
+GLUON_STAGES = int(os.environ.get("MOE_CONFORMANCE_GLUON_STAGES", "4"))
 # its split-K rule at decode: at one token gpt-oss-120b's 180 GEMM1 programs ran fastest split 2 ways (38.6 us
 # against 44.2 unsplit and 44.5 split 4), Kimi-K2's 256 unsplit (95.1 us against 102.8 split 2) (run-7's sweep)
 GLUON_SPLIT_K_PROGRAMS = 256
@@ -433,6 +436,12 @@ GLUON_W13_PREFETCH = 4
 # rows). MOE_CONFORMANCE_GLUON_TILE_MAJOR=0: pair rows only (A/B runs)
 GLUON_TILE_MAJOR = os.environ.get("MOE_CONFORMANCE_GLUON_TILE_MAJOR", "1") == "1"
 GLUON_W13_PREFETCH_BYTES = 40 << 20
+# With the tile-major copy, the producer also prefetches each tile's weights GLUON_AHEAD K steps past the ring's into
+# L2 (gluon_kernels' AHEAD): STAGES + AHEAD steps in flight a program while the ring's shared memory holds STAGES.
+# Why: run-33's stall samples show the ring full of loads in flight while the consumers wait for them, and a deeper
+# ring costs shared memory (programs a multiprocessor). Not yet timed: 0 (off) until a GPU run says otherwise.
+# MOE_CONFORMANCE_GLUON_AHEAD=N sets it (A/B runs; tools/chain_timeline.py --sweep GLUON_AHEAD=0,4 in one process)
+GLUON_AHEAD = int(os.environ.get("MOE_CONFORMANCE_GLUON_AHEAD", "0"))
 GLUON_W13_PREFETCH_SET = os.environ.get("MOE_CONFORMANCE_GLUON_W13_PREFETCH")
 
 
@@ -491,6 +500,8 @@ class TritonBitplaceGluonBackend(TritonBitplaceBackend):
                 tiles["w13_prefetch"] = int(GLUON_W13_PREFETCH_SET)
             if GLUON_TILE_MAJOR:
                 tiles["tile_major"] = 1
+            if GLUON_AHEAD:
+                tiles["prefetch_ahead"] = GLUON_AHEAD
         if tiles["block_m"] == 16 and "pdl_bytes" not in tiles:
             tiles.setdefault("pdl", int(GLUON_PDL or 0))
         return tiles
