@@ -85,7 +85,7 @@ def main(argv=None) -> int:
     ap.add_argument("--replays", type=int, default=20)
     ap.add_argument("--config", action="append", default=[], metavar="KEY=INT")
     ap.add_argument("--sweep", metavar="NAME=V1,V2,...",
-                    help="an integer constant of harness.backends.triton_bitplace (GLUON_STAGES, GLUON_AHEAD, ...) set "
+                    help="an integer constant of harness.backends.triton_bitplace (GLUON_STAGES, GLUON_W2_BLOCK_N, ...) set "
                          "to each value in turn, the graph captured again and timed each time, the checkpoint built "
                          "once (A/B runs in one process; repeat a value, 0,4,0,4, to see the drift)")
     args = ap.parse_args(argv)

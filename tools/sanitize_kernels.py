@@ -194,12 +194,12 @@ def main() -> int:
         torch.cuda.synchronize()
         print(backend.name, "gluon GEMM2 two steps an iteration, split", split, tuple(out.shape),
               bool(torch.isfinite(out).all()))
-    # the tile-major copy (tile_major) with L2 prefetches of later K steps (prefetch_ahead): GEMM1's 2 chunks and
-    # GEMM2's 3, split 1 and 2 ways (prefetches past a split's last chunk masked), two warpgroups a program (GEMM2's
-    # last program's second tile past its 192 rows: no prefetch, TMA fills zeros)
-    for block_n, split, ahead in ((64, 1, 1), (64, 2, 4), (128, 1, 2)):
+    # the tile-major copy (tile_major: each 64-row tile's K steps one contiguous run, one TMA box a step): GEMM1's 2
+    # chunks and GEMM2's 3, split 1 and 2 ways, two warpgroups a program (GEMM2's last program's second tile past its
+    # 192 rows: TMA fills zeros), MXFP4 and NVFP4 scale boxes
+    for block_n, split in ((64, 1), (64, 2), (128, 1)):
         backend = _bitplace(gluon=True).configure(block_m=16, block_n=block_n, block_k=128, num_warps=4, num_stages=2,
-                                                  split_k=split, pdl=1, tile_major=1, prefetch_ahead=ahead)
+                                                  split_k=split, pdl=1, tile_major=1)
         ckpt = make_checkpoint("w_nvfp4" if block_n == 128 else "w_mxfp4", "SWIGLUOAI", steps.num_experts,
                                steps.hidden_size, steps.intermediate_size, seed=1, with_bias=True)
         x, w, ids = case_inputs(steps, 1)
@@ -207,8 +207,8 @@ def main() -> int:
         assert "w13_tile_major" in prep.extras and "w2_tile_major" in prep.extras, sorted(prep.extras)
         out = backend.forward(prep, x.cuda(), w.cuda(), ids.cuda())
         torch.cuda.synchronize()
-        print(backend.name, "gluon tile-major, L2 prefetches", ahead, "steps ahead, block_n", block_n, "split", split,
-              tuple(out.shape), bool(torch.isfinite(out).all()))
+        print(backend.name, "gluon tile-major, block_n", block_n, "split", split, tuple(out.shape),
+              bool(torch.isfinite(out).all()))
     # persistent grids of moe_gemm_kernel (tiles' persistent): 2 programs (a one-multiprocessor GPU, as far as the
     # launch knows), each looping over many tiles, the used blocks' count read on the device; with tails and by TMA
     from harness.backends import triton_emulation

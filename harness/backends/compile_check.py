@@ -262,10 +262,9 @@ def main(argv=None) -> int:
                 try:
                     compiled, machine = compile_with_ptxas_log(fn, a, kw)
                     shared = getattr(compiled.metadata, "shared", 0)  # bytes a program; 227 KB an SM on sm90
-                    ahead = f"; L2 prefetches {kw['AHEAD']} steps ahead" if kw.get("AHEAD") else ""
                     print(f"compiled {name} for sm90 ({time.time() - t0:.1f} s; {case}, {tokens} tokens"
                           f"{'; ' + machine if machine else ''}{f'; {shared / 1024:.1f} KB shared' if shared else ''}"
-                          f"{'; tile-major weights' if kw.get('TILE_MAJOR') else ''}{ahead})",
+                          f"{'; tile-major weights' if kw.get('TILE_MAJOR') else ''})",
                           flush=True)
                     problems = dependent_launch_violations(compiled.asm["ptx"], kw) if kw.get("launch_pdl") else []
                     if problems:

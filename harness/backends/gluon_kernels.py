@@ -236,27 +236,6 @@ def _prefetch_program_weights(codes_ptr, scales_ptr, code_row, scale_row, g_col,
                          (i & 0) + scale_bytes, c < c_hi)
 
 
-AHEAD_ITEMS = gl.constexpr(gl.BlockedLayout([1], [32], [1], [0]))  # the producer warp's lanes
-
-
-@gluon.jit
-def _prefetch_ahead(codes_ptr, scales_ptr, code_row, g_col0, c, c_hi, chunks, N_OUT, GATED: gl.constexpr,
-                    W_NV: gl.constexpr, TILES: gl.constexpr):
-    """Chunk c (where below c_hi) of each of the program's tile streams (tile j's gate rows, and its up rows N_OUT
-    on when GATED) into L2 from the tile-major copy: lane 2t the stream's 4 KB of codes, lane 2t + 1 its 256 (MX)
-    or 512 (NVFP4) scale bytes; a tile past N_OUT (the second tile of the last program) none."""
-    NB: gl.constexpr = 2 if GATED else 1
-    SB: gl.constexpr = 512 if W_NV else 256
-    i = gl.arange(0, 32, layout=AHEAD_ITEMS)
-    j = i // (2 * NB)  # the stream's tile; its half (gate, up): (i // 2) % NB
-    first_row = g_col0 + 64 * j + (i // 2) % NB * N_OUT
-    at = ((code_row + first_row // 2) // 32).to(gl.int64) * chunks + c  # the tile's chunk c, as _code_box_at's
-    is_code = i % 2 == 0
-    ok = (i < 2 * NB * TILES) & (g_col0 + 64 * j < N_OUT) & (c < c_hi)
-    _prefetch_l2(gl.where(is_code, codes_ptr + at * 4096, scales_ptr + at * SB), gl.where(is_code, i * 0 + 4096,
-                 i * 0 + SB), ok)
-
-
 # [pairs i, pairs j] compares of the call's expert ids over the default partition's warpgroup (_block_expert_by_rank)
 RANK_IDS = gl.constexpr(gl.BlockedLayout([1, 1], [4, 8], [4, 1], [1, 0]))
 
@@ -284,14 +263,10 @@ def _block_expert_by_rank(ids_ptr, n_pairs, block, P: gl.constexpr):
 def _producer(codes_desc, scales_desc, a_ptr, sorted_rows_ptr, n_pairs, a_row_div, K, N_OUT, code_s, scale_s, x_s,
               ready, empty, pid_m, code_row, scale_row, g_col0, c_lo, c_hi, N_ROWS, GATED: gl.constexpr,
               W_NV: gl.constexpr, STAGES: gl.constexpr, TILES: gl.constexpr, BM: gl.constexpr, XL: gl.constexpr,
-              it0=0, TILE_MAJOR: gl.constexpr = 0, chunks=0, codes_ptr=None, scales_ptr=None,
-              AHEAD: gl.constexpr = 0):
+              it0=0, TILE_MAJOR: gl.constexpr = 0, chunks=0):
     """One work item's K steps into the ring, its first at ring position it0 (slot it0 % STAGES; a persistent
     program's items follow one another on one ring); TILE_MAJOR: codes and scales in tile_major_codes /
-    tile_major_scales' layout (each tile's K steps one contiguous run). AHEAD (tile-major only): with each step's
-    loads, the weights of the step AHEAD chunks further into L2 (_prefetch_ahead), so that a program has STAGES +
-    AHEAD steps of weights in flight while its ring holds STAGES."""
-    gl.static_assert(AHEAD == 0 or TILE_MAJOR == 1, "AHEAD prefetches runs of the tile-major copy")
+    tile_major_scales' layout (each tile's K steps one contiguous run)."""
     pair = gl.load(sorted_rows_ptr + pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, XL)))
     cols = gl.arange(0, 128, layout=gl.SliceLayout(0, XL))
     x_ptrs = a_ptr + (pair // a_row_div).to(gl.int64)[:, None] * K + cols[None, :]
@@ -320,9 +295,6 @@ def _producer(codes_desc, scales_desc, a_ptr, sorted_rows_ptr, n_pairs, a_row_di
                           code_s.index(slot + 1))
                 _tma_load(scales_desc, _scale_box_at(scale_row + c, u_col, N_ROWS, W_NV, TILE_MAJOR, code_row, c,
                                                      chunks), ready.index(s), scale_s.index(slot + 1))
-        if AHEAD:
-            _prefetch_ahead(codes_ptr, scales_ptr, code_row, g_col0, c + AHEAD, c_hi, chunks, N_OUT, GATED, W_NV,
-                            TILES)
 
 
 @gluon.jit
@@ -545,8 +517,7 @@ def bitplace_partials_kernel(codes_desc, scales_desc, a_ptr, out_ptr, sorted_row
                              HAS_BIAS: gl.constexpr = False, INTERLEAVED: gl.constexpr = False, ACT: gl.constexpr = 0,
                              APPLY_ACT: gl.constexpr = False, HAS_LIMIT: gl.constexpr = False,
                              QUANT_NVFP4: gl.constexpr = False, ids_ptr=None, P_IDS: gl.constexpr = 16,
-                             prefetch_chunks=0, TILE_MAJOR: gl.constexpr = 0,
-                             AHEAD: gl.constexpr = 0):
+                             prefetch_chunks=0, TILE_MAJOR: gl.constexpr = 0):
     """fp32 partial sums [SPLIT_K, pairs, 2, N_OUT] of expert block program_id(0) (16 pairs), output rows
     64 TILES program_id(1) .. + 64 TILES - 1 (gate; up N_OUT rows on when GATED), K chunks of share program_id(2).
     TILES 2: two consumer warpgroups, a 64-row tile each, on one ring (the activation rows loaded once).
@@ -559,8 +530,6 @@ def bitplace_partials_kernel(codes_desc, scales_desc, a_ptr, out_ptr, sorted_row
     block_expert's, read after the wait (the prefetch is a hint: a wrong guess costs bandwidth, never bits).
     TILE_MAJOR 1: codes_desc / scales_desc (and codes_ptr / scales_ptr) of tile_major_codes / tile_major_scales'
     layout: each 64-row tile's K steps one contiguous run (N_ROWS and, gated, N_OUT multiples of 64; not persistent).
-    AHEAD (TILE_MAJOR): the producer prefetches each tile's weights AHEAD K steps past the ring's into L2 from
-    codes_ptr / scales_ptr (_prefetch_ahead).
     PERSIST 1: a persistent grid (one dimension, at most the programs that fit at once): each program runs the work
     items program_id(0), + num_programs(0), ... of the plain grid's n_blocks x N tiles x SPLIT_K (_item) on one ring,
     the next item's loads under the last one's MMAs and stores (schedule 0; PDL 1 or none).
@@ -636,8 +605,7 @@ def bitplace_partials_kernel(codes_desc, scales_desc, a_ptr, out_ptr, sorted_row
                                   QUANT_NVFP4)),
                      (_producer, (codes_desc, scales_desc, a_ptr, sorted_rows_ptr, n_pairs, a_row_div, K, N_OUT, code_s,
                                   scale_s, x_s, ready, empty, pid_m, code_row, scale_row, g_col, c_lo, c_hi, N_ROWS,
-                                  GATED, W_NV, STAGES, TILES, BM, XL, 0, TILE_MAJOR, chunks, codes_ptr,
-                                  scales_ptr, AHEAD))],
+                                  GATED, W_NV, STAGES, TILES, BM, XL, 0, TILE_MAJOR, chunks))],
                     [PRODUCER_WARPS], [40])
             else:
                 gl.warp_specialize(
@@ -655,8 +623,7 @@ def bitplace_partials_kernel(codes_desc, scales_desc, a_ptr, out_ptr, sorted_row
                                   QUANT_NVFP4)),
                      (_producer, (codes_desc, scales_desc, a_ptr, sorted_rows_ptr, n_pairs, a_row_div, K, N_OUT, code_s,
                                   scale_s, x_s, ready, empty, pid_m, code_row, scale_row, g_col, c_lo, c_hi, N_ROWS,
-                                  GATED, W_NV, STAGES, TILES, BM, XL, 0, TILE_MAJOR, chunks, codes_ptr,
-                                  scales_ptr, AHEAD))],
+                                  GATED, W_NV, STAGES, TILES, BM, XL, 0, TILE_MAJOR, chunks))],
                     [4, PRODUCER_WARPS], [SECOND_CONSUMER_REGS, 40])
 
 
@@ -697,7 +664,7 @@ def launch_bitplace_partials(launcher, codes, scales_t, a, partials, sorted_rows
                              a_row_div: int, n_out: int, n_rows: int, k_dim: int, gated: bool, split_k: int,
                              stages: int, maxnreg: int, overlap: int = 0, tiles: int = 1, nvfp4: int = 0,
                              pdl: int = 0, persistent: int = 0, serial: dict | None = None,
-                             prefetch: tuple | None = None, tile_major: tuple | None = None, ahead: int = 0):
+                             prefetch: tuple | None = None, tile_major: tuple | None = None):
     """One launch of bitplace_partials_kernel through `launcher` (triton_kernels' attribute, so that
     compile_check can record it): codes [E, N_ROWS, chunks * 64] bytes (rows in pairs), scales_t from
     scales_by_chunk, partials fp32 [split_k, n_pairs, 2, n_out]; overlap: the consumer's schedule (_consumer);
@@ -711,8 +678,7 @@ def launch_bitplace_partials(launcher, codes, scales_t, a, partials, sorted_rows
     in this launch, no epilogue kernel after it; prefetch: None, or (the call's expert ids, flat; K chunks) for GEMM1's
     PDL 3: each program's first that many chunks of weights into L2 before its wait (at most 16 tokens, pdl 1);
     tile_major: None, or (tile_major_codes, tile_major_scales) of the same weights, read instead (TILE_MAJOR: n_rows
-    and, gated, n_out multiples of 64; not persistent); ahead: with tile_major, each step's loads also prefetch the
-    weights of the step that many K chunks on into L2 (AHEAD)."""
+    and, gated, n_out multiples of 64; not persistent)."""
     if pdl == 2 and gated:
         raise ValueError("pdl 2 (weights prefetched before the wait) is GEMM2's mode: ungated tiles only")
     if prefetch is not None:
@@ -734,9 +700,6 @@ def launch_bitplace_partials(launcher, codes, scales_t, a, partials, sorted_rows
     if tile_major is not None and (persistent or n_rows % 64 or gated and n_out % 64):
         raise ValueError(f"tile_major reads whole 64-row tiles on the plain grid: n_rows {n_rows} and, gated, n_out "
                          f"{n_out} multiples of 64, persistent 0 (got {persistent})")
-    if ahead and tile_major is None:
-        raise ValueError(f"ahead (L2 prefetches of later K steps) reads the tile-major copy: tile_major given, got ahead "
-                         f"{ahead} without it")
     e = codes.shape[0]
     chunks = codes.shape[2] // 64
     if tile_major is not None:
@@ -754,8 +717,6 @@ def launch_bitplace_partials(launcher, codes, scales_t, a, partials, sorted_rows
     extra = dict(codes_ptr=codes.view(torch.uint8), scales_ptr=scales_t, PDL=pdl, launch_pdl=True) if pdl else {}
     if tile_major is not None:
         extra["TILE_MAJOR"] = 1
-    if ahead:
-        extra.update(AHEAD=ahead, codes_ptr=codes.view(torch.uint8), scales_ptr=scales_t)
     if prefetch is not None:
         extra.update(PDL=3, ids_ptr=ids, P_IDS=max(16, 1 << (n_pairs - 1).bit_length()),
                      prefetch_chunks=prefetch_chunks)

@@ -223,8 +223,6 @@ class TritonBitplaceBackend(TritonEmulationBackend):
 
         # the tile-major copy of the weights (GLUON_TILE_MAJOR) where this GEMM's rows are whole 64-row tiles
         tile_major = prep.extras.get(f"{which}_tile_major") if tiles.get("tile_major") and not persistent else None
-        # with it, L2 prefetches of each tile's weights that many K steps past the ring's (the tiles' prefetch_ahead)
-        ahead = tiles.get("prefetch_ahead", 0) if tile_major else 0
 
         def run(a, partials, sorted_rows, block_expert, n_pairs, a_row_div, n_out, n_rows, k_dim, gated, split_k,
                 serial=None, ids=None):
@@ -239,7 +237,7 @@ class TritonBitplaceBackend(TritonEmulationBackend):
                                             **({"serial": serial} if serial else {}),
                                             **({"prefetch": (ids, prefetch_chunks)}
                                                if prefetch_chunks and ids is not None and a.shape[0] <= 16 else {}),
-                                            **({"tile_major": tile_major, "ahead": ahead}
+                                            **({"tile_major": tile_major}
                                                if tile_major and not (gated and n_out % 64) else {}))
         return run
 
@@ -436,12 +434,6 @@ GLUON_W13_PREFETCH = 4
 # rows). MOE_CONFORMANCE_GLUON_TILE_MAJOR=0: pair rows only (A/B runs)
 GLUON_TILE_MAJOR = os.environ.get("MOE_CONFORMANCE_GLUON_TILE_MAJOR", "1") == "1"
 GLUON_W13_PREFETCH_BYTES = 40 << 20
-# With the tile-major copy, the producer also prefetches each tile's weights GLUON_AHEAD K steps past the ring's into
-# L2 (gluon_kernels' AHEAD): STAGES + AHEAD steps in flight a program while the ring's shared memory holds STAGES.
-# Why: run-33's stall samples show the ring full of loads in flight while the consumers wait for them, and a deeper
-# ring costs shared memory (programs a multiprocessor). Not yet timed: 0 (off) until a GPU run says otherwise.
-# MOE_CONFORMANCE_GLUON_AHEAD=N sets it (A/B runs; tools/chain_timeline.py --sweep GLUON_AHEAD=0,4 in one process)
-GLUON_AHEAD = int(os.environ.get("MOE_CONFORMANCE_GLUON_AHEAD", "0"))
 GLUON_W13_PREFETCH_SET = os.environ.get("MOE_CONFORMANCE_GLUON_W13_PREFETCH")
 
 
@@ -500,8 +492,6 @@ class TritonBitplaceGluonBackend(TritonBitplaceBackend):
                 tiles["w13_prefetch"] = int(GLUON_W13_PREFETCH_SET)
             if GLUON_TILE_MAJOR:
                 tiles["tile_major"] = 1
-            if GLUON_AHEAD:
-                tiles["prefetch_ahead"] = GLUON_AHEAD
         if tiles["block_m"] == 16 and "pdl_bytes" not in tiles:
             tiles.setdefault("pdl", int(GLUON_PDL or 0))
         return tiles

@@ -88,8 +88,7 @@ FUSED_ALIGN_STEPS = dict(FILL=1024, OWNER_BY_EXPERT=True, RANK_SORT=True)
 
 TILE_KEYS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "w2_block_n", "maxnreg", "mma_steps",
              "split_k", "mma_overlap", "w2_mma_overlap", "pdl", "persistent", "group_m", "tma", "tail_m",
-             "serial_k", "warp_spec", "inline_tails", "quant_launch", "scale_regs", "w13_prefetch", "tile_major",
-             "prefetch_ahead")
+             "serial_k", "warp_spec", "inline_tails", "quant_launch", "scale_regs", "w13_prefetch", "tile_major")
 # optional keys: w2_block_n (GEMM2's N tile where it differs from GEMM1's), maxnreg (a register cap per thread, so
 # that more programs fit on a multiprocessor; 0 = the compiler's choice), mma_steps (triton_bitplace: MMA steps per
 # 128-value chunk, 1 or 2; 2 holds half the decoded tile in registers), split_k (triton_bitplace: the K chunks
@@ -127,8 +126,7 @@ TILE_KEYS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "w2_blo
 # before its wait for the routing launch, its block's expert ranked from the expert ids; gluon_kernels' PDL 3),
 # tile_major (triton_bitplace_gluon: its GEMMs read a tile-major copy of the weights, each 64-row tile's K steps one
 # contiguous run, where the rows are whole 64-row tiles; prepared when configured before prepare() or by
-# MOE_CONFORMANCE_GLUON_TILE_MAJOR=1), prefetch_ahead (with tile_major: each step's loads also prefetch the
-# tile's weights that many K steps on into L2; gluon_kernels' AHEAD), and
+# MOE_CONFORMANCE_GLUON_TILE_MAJOR=1), and
 # split_k_programs instead: split_k then is the fewest splits that give GEMM1 that many programs (split_k_to_fill),
 # and pdl_bytes: pdl 1 where GEMM2's weights of the call (one expert a pair at most) are at most that many bytes,
 # else 2
