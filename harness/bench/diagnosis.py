@@ -194,6 +194,11 @@ def describe(row: dict) -> str:
             parts.append(f"K step issue / MMA time {g1['issue_over_mma']:.2f}")
     if "weight_bytes" in row:
         parts.append(f"{row['weight_bytes'] / 1e6:.0f} MB of weights")
+    if "pct_dense_sustained" in row and "pct_copy" in row:
+        # a row judged by the tensor cores' rate still streams every expert's weights once: at the copy rate that alone
+        # takes pct_copy % of the row's time (Kimi-K2's bf16 prefill, 33.8 GB of weights, is near that floor on an H100)
+        parts.append(f"weights streamed at {row['tb_s']:.2f} TB/s = {row['pct_copy']:.0f}% of copy (the weight stream "
+                     f"alone at the copy rate: {row['pct_copy']:.0f}% of the row's time)")
     if "pct_dense_sustained" in row:
         parts.append(f"the row {row['pct_dense_cold']:.1f}% of the dense bf16 matmul cold ({row['dense_cold_tflops']:.0f}"
                      f" TFLOP/s), {row['pct_dense_sustained']:.1f}% of it sustained "
