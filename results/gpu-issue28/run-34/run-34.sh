@@ -7,10 +7,8 @@
 #               then the decode chain's replay wall time over GLUON_AHEAD 0,2,4,8,0,4 in one process a point
 #               (tools/chain_timeline.py --sweep) at 1 / 8 / 64 tokens on both models, MXFP4
 #   PART=stages ~1.5 min: the ring's depth with the tile-major copy (GLUON_STAGES 4,5,6,4) at 8 / 64 tokens
-#   PART=bench  ~9.5 min: every issue-28 target from one make bench run at this tree (run-32's filter); the
-#               environment's MOE_CONFORMANCE_GLUON_* settings pass through to it
-#   PART=check  ~4 min: conformance and special values of triton_bitplace (and _gluon), the tile-major and
-#               prefetch_ahead compile tests, memcheck over tools/sanitize_kernels.py (its tile-major cases)
+#   PART=bench / check: run-35.sh's (the same commands; this script as it ran, with them, is d560ef1's)
+# The ahead part needs d560ef1's tree (prefetch_ahead was removed after it): git checkout d560ef1 first.
 export PYTHONUNBUFFERED=1
 HOST=$(python3 -m harness platforms --host)
 mkdir -p $OUT/f
@@ -42,23 +40,6 @@ case $part in
       echo "$1 T$2: $(grep -o 'GLUON_STAGES=[0-9]*: median replay [0-9.]* us' $OUT/f/stages-$1-T$2.log \
         | sed -E 's/GLUON_STAGES=([0-9]*): median replay ([0-9.]*) us/\1:\2/' | tr '\n' ' ')"
     done ;;
-  bench)
-    env | grep MOE_CONFORMANCE_ || echo "no MOE_CONFORMANCE_ settings"
-    FILTER='(gpt-oss-120b or kimi-k2) and (T1/ or T8/ or T64/ or T8192/) and ((w_mxfp4/ or w_nvfp4/ or w_nvfp4_a_nvfp4/) and (triton_bitplace_gluon and not T8192/ or triton_bitplace and not triton_bitplace_gluon and T8192/) or bf16/ and (triton_emulation or torch_grouped_mm) or triton_kernels_ogs and not T8192/)'
-    t0=$(date +%s)
-    timeout 585 make bench PY=python3 SETUP= BENCH_ARGS="--durations=12 -k \"$FILTER\"" > $OUT/f/bench.log 2>&1
-    echo "bench: rc=$? $(( $(date +%s) - t0 )) s"; tail -1 $OUT/f/bench.log
-    cp bench/table.md bench/results.json bench/targets.md $OUT/f/ 2>/dev/null
-    grep -E "^\| " bench/targets.md | cut -c1-150 ;;
-  check)
-    env | grep MOE_CONFORMANCE_ || echo "no MOE_CONFORMANCE_ settings"
-    timeout 170 python3 -m pytest -p no:cacheprovider -q -n 8 -m $HOST suites/test_conformance.py \
-      suites/test_special_values.py suites/test_fp4_bits.py \
-      -k "triton_bitplace and (mxfp4 or nvfp4) or scales_loaded_a_step or ranks_each" > $OUT/f/conformance.log 2>&1
-    echo "conformance: rc=$? $(tail -1 $OUT/f/conformance.log)"; grep -E "^(FAILED|ERROR)" $OUT/f/conformance.log | head -5
-    timeout 200 compute-sanitizer --tool memcheck python3 tools/sanitize_kernels.py > $OUT/f/memcheck.log 2>&1
-    echo "memcheck: rc=$? $(grep -E 'ERROR SUMMARY' $OUT/f/memcheck.log | tail -1)"
-    grep -E "tile-major" $OUT/f/memcheck.log | head -4 ;;
 esac
 done
 (cd $OUT && tar czf run-34-${PART// /-}.tgz f && rm -rf f)
