@@ -7,7 +7,7 @@
 #   PART=bench  ~9.5 min: every issue-28 target from one make bench run at this tree (run-32's filter); the
 #               environment's MOE_CONFORMANCE_GLUON_* settings pass through to it
 #   PART=check  ~4 min: conformance and special values of triton_bitplace (and _gluon), memcheck over
-#               tools/sanitize_kernels.py (its tile-major cases new)
+#               tools/sanitize_kernels.py (its tile-major cases new); PART=conformance or PART=memcheck runs one half
 export PYTHONUNBUFFERED=1
 HOST=$(python3 -m harness platforms --host)
 mkdir -p $OUT/f
@@ -32,12 +32,13 @@ case $part in
     echo "bench: rc=$? $(( $(date +%s) - t0 )) s"; tail -1 $OUT/f/bench.log
     cp bench/table.md bench/results.json bench/targets.md $OUT/f/ 2>/dev/null
     grep -E "^\| " bench/targets.md | cut -c1-150 ;;
-  check)
+  check|conformance)
     env | grep MOE_CONFORMANCE_ || echo "no MOE_CONFORMANCE_ settings"
     timeout 170 python3 -m pytest -p no:cacheprovider -q -n 8 -m $HOST suites/test_conformance.py \
       suites/test_special_values.py suites/test_fp4_bits.py \
       -k "triton_bitplace and (mxfp4 or nvfp4) or scales_loaded_a_step or ranks_each" > $OUT/f/conformance.log 2>&1
-    echo "conformance: rc=$? $(tail -1 $OUT/f/conformance.log)"; grep -E "^(FAILED|ERROR)" $OUT/f/conformance.log | head -5
+    echo "conformance: rc=$? $(tail -1 $OUT/f/conformance.log)"; grep -E "^(FAILED|ERROR)" $OUT/f/conformance.log | head -5 ;;&
+  check|memcheck)
     timeout 200 compute-sanitizer --tool memcheck python3 tools/sanitize_kernels.py > $OUT/f/memcheck.log 2>&1
     echo "memcheck: rc=$? $(grep -E 'ERROR SUMMARY' $OUT/f/memcheck.log | tail -1)"
     grep -E "tile-major" $OUT/f/memcheck.log | head -4 ;;
