@@ -972,6 +972,85 @@ def test_the_gluon_decode_rows_follow_the_one_wave_rule(monkeypatch):
     assert one_wave_block_n(7, 100 * 64, 132, lambda _: 1) is None  # 700 64-row programs: beyond one wave
 
 
+def test_the_gluon_prefill_blocks_take_the_whole_k_and_the_epilogue_in_one_launch(monkeypatch):
+    """triton_bitplace_gluon's prefill row (the tiles' gluon_prefill; MOE_CONFORMANCE_GLUON_PREFILL=1 makes it the
+    table's): blocks of 32-128 pairs go to bitplace_partials_kernel unsplit, with a 4-warp producer, the consumers'
+    share of the register cap, the grid's group order and the epilogue's operands (direct); split-K, 256-pair blocks
+    or the key off go to moe_gemm_kernel. The kernel itself runs on sm90 only (results/gpu-issue28/run-36)."""
+    from harness.backends import gluon_kernels, triton_bitplace
+    from harness.backends import triton_kernels as K
+    from harness.backends.triton_bitplace import TritonBitplaceGluonBackend
+    from reference.checkpoints import make_checkpoint
+    from reference.quantizers import MX
+
+    monkeypatch.setattr(K, "INTERPRET", False)  # prepare() then lays out the kernel's copies; the GPU's tile table
+    gluon = TritonBitplaceGluonBackend()
+    gluon.device = "cpu"
+    prep = gluon.prepare(make_checkpoint("w_mxfp4", "SWIGLUOAI", 2, 256, 128, seed=0, with_bias=True))
+    tiles = dict(triton_bitplace.GLUON_PREFILL_TILES, tile_major=1)
+    launch = gluon_kernels.launch_bitplace_partials
+    seen = []
+    monkeypatch.setattr(gluon_kernels, "launch_bitplace_partials", lambda *args, **kwargs: seen.append(kwargs))
+    run = gluon._partials_kernel(prep, "w13", 0, tiles, None, 128, 256, 256)
+    assert run is not None and run.direct
+    for other in (dict(tiles, split_k=2), dict(tiles, block_m=256), dict(tiles, gluon_prefill=0)):
+        assert gluon._partials_kernel(prep, "w13", 0, other, None, 128, 256, 256) is None, other
+    assert not gluon._partials_kernel(prep, "w13", 0, dict(tiles, block_m=16), None, 128, 256, 256).direct  # decode
+    run(torch.zeros(2, 256, dtype=torch.bfloat16), None, None, None, 2, 1, 128, 256, 256, True, 1,
+        direct=dict(final_ptr="the output"))
+    # 168 registers a thread over 3 warpgroups: the producer 56, each consumer (504 - 56) / 2 = 224
+    assert seen[-1]["bm"] == 64 and seen[-1]["producer"] == (4, 56, 224) and seen[-1]["group_m"] == 8, seen[-1]
+    assert seen[-1]["direct"] == dict(final_ptr="the output") and "tile_major" in seen[-1], seen[-1]
+    # the table's prefill row: only with the switch; decode rows untouched by it
+    monkeypatch.setattr(triton_bitplace, "GLUON_PREFILL", False)
+    assert "gluon_prefill" not in gluon.tile_config(8192, MX)
+    monkeypatch.setattr(triton_bitplace, "GLUON_PREFILL", True)
+    assert gluon.tile_config(8192, MX)["gluon_prefill"] == 1
+    assert gluon.tile_config(16, MX)["block_m"] == 16 and "gluon_prefill" not in gluon.tile_config(16, MX)
+    with pytest.raises(ValueError, match="direct"):  # the launch refuses what the kernel cannot do
+        launch(None, None, None, None, None, None, None, 2, 1, 128, 256, 256, True, 2, 4, 168, bm=64,
+               direct=dict(final_ptr=None))
+    with pytest.raises(ValueError, match="bm"):
+        launch(None, None, None, None, None, None, None, 2, 1, 128, 256, 256, True, 1, 4, 168, bm=64, pdl=1)
+
+
+def test_a_direct_partials_kernel_writes_the_outputs_and_no_epilogue_follows(monkeypatch):
+    """_gemm with a subclass kernel that finishes its tiles (the callable's direct): the kernel gets the GEMM's output
+    and the epilogue's operands, no fp32 partial-sums buffer is made and no split-K epilogue kernel launches; GEMM1's
+    NVFP4 quantization of GEMM2's input is reported done (W4A4). A stand-in kernel writes the reference's GEMM
+    outputs, so the forward's answer shows the outputs went where the rest of the pipeline reads them."""
+    from harness.backends import triton_kernels as K
+    from harness.backends.triton_emulation import TritonEmulationBackend
+    from harness.core.conformance import Shape, case_checkpoint, case_inputs
+
+    calls = []
+
+    class Direct(TritonEmulationBackend):
+        def _partials_kernel(self, prep, which, a_mode, tiles, quantize_nvfp4, n_out, n_rows, k_dim):
+            def run(a, partials, sorted_rows, block_expert, n_pairs, a_row_div, n_out, n_rows, k_dim, gated, split_k,
+                    serial=None, ids=None, direct=None):
+                calls.append((which, partials, direct))
+                direct["final_ptr"].fill_(0.5 if which == "w13" else 0.25)
+            run.direct = True
+            return run
+
+    launched = []
+    never = type("Never", (), {"__getitem__": lambda self, grid: launched.append(grid)})()
+    monkeypatch.setattr(K, "splitk_epilogue_kernel", never)
+    backend = Direct().configure(block_m=64, block_n=64, block_k=64, num_warps=4, num_stages=2)
+    shape = Shape(num_experts=4, hidden_size=64, intermediate_size=32, tokens=520, top_k=2)  # 1040 pairs: prefill
+    x, w, ids = case_inputs(shape, 1)
+    prep = backend.prepare(case_checkpoint("w_mxfp4", "SILU", "e4m3fn", shape, 1, False))
+    out = backend.forward(prep, x, w, ids)
+    assert [c[0] for c in calls] == ["w13", "w2"] and not launched
+    for which, partials, direct in calls:
+        assert partials is direct["final_ptr"] and partials.dtype == torch.bfloat16, which  # no fp32 partial sums
+        assert direct["QUANT_NVFP4"] is False and "count_ptr" not in direct
+    # every pair's GEMM2 row 0.25, summed with the token's two routing weights (the top-k sum after GEMM2)
+    want = (0.25 * w.float().sum(-1, keepdim=True)).expand(-1, shape.hidden_size)
+    assert torch.allclose(out.float(), want, rtol=2 ** -7), (out - want).abs().max()
+
+
 def test_the_gluon_gemm_takes_exactly_the_launches_its_contract_covers(monkeypatch):
     """triton_bitplace_gluon's dispatch (the kernel itself runs on sm90 only): MXFP4 x bf16 GEMMs of 16-pair blocks
     whose TMA boxes fit go to bitplace_partials_kernel; activation scales and NVFP4 quantization (unless switched

@@ -288,9 +288,14 @@ def test_the_kernels_a_forward_launches_compile_for_sm90_without_a_gpu(tmp_path)
                   f"w13_prefetch=4,tile_major=1": 1
                   for case, block_n in (("w_mxfp4/SWIGLUOAI", 64), ("w_nvfp4_a_nvfp4/SILU", 128))}
     gluon.update(tile_major)
+    # prefill blocks through the Gluon kernel (gluon_prefill): 64 and 128 pairs a block, two consumer warpgroups and
+    # one, MXFP4 and NVFP4 W4A4 (GEMM2's input quantized in GEMM1's epilogue from the accumulators)
+    gluon_prefill = [f"triton_bitplace_gluon/{case}@tokens=2048,block_m={bm},block_n={bn},num_warps=4,num_stages=3,"
+                     f"maxnreg={128 if (bm, bn) == (64, 64) else 168},group_m=8,gluon_prefill=1,tile_major=1"
+                     for case, bm, bn in (("w_mxfp4/SWIGLUOAI", 64, 128), ("w_nvfp4_a_nvfp4/SILU", 128, 64))]
     cmd = [sys.executable, "-m", "harness.backends.compile_check", "--tokens", "1", "2048", "--intermediate", "384"]
     for case in (cases + [serial, scale_regs] + tma + tails + inline + persistent + warp_specialized + list(gluon)
-                 + [default_gluon] + list(gluon_serial)):
+                 + [default_gluon] + list(gluon_serial) + gluon_prefill):
         cmd += ["--case", case]
     # an empty Triton cache, so that ptxas runs for every launch and its log says whether wgmma was serialized
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=Path(__file__).resolve().parents[1],
@@ -338,6 +343,13 @@ def test_the_kernels_a_forward_launches_compile_for_sm90_without_a_gpu(tmp_path)
     # GEMM1 of the four w13_prefetch cases and of the table's defaults (the small model's GEMM1 weights fit
     # GLUON_W13_PREFETCH_BYTES) prefetch before their wait
     assert sum("bitplace_partials_kernel (PDL 3)" in line for line in run.stdout.splitlines()) == 5, run.stdout[-2000:]
+    for case in gluon_prefill:  # both GEMMs finish their tiles (no epilogue kernel), warp-specialized, no spill
+        assert "bitplace_partials_kernel x2, topk_reduce_kernel x1)" in launched[case], launched[case]
+        assert "splitk" not in launched[case], launched[case]
+        lines = [line for line in run.stdout.splitlines()
+                 if line.startswith("compiled bitplace_partials_kernel") and f"{case}, 2048 tokens;" in line]
+        assert len(lines) == 2 and all(" 0 spill bytes" in line and "warp-specialized" in line for line in lines), \
+            lines or run.stdout[-2000:]
     for case in [*tile_major, default_gluon]:  # both GEMMs read the tile-major copy (the table's default too)
         assert sum(line.startswith("compiled bitplace_partials_kernel") and f"{case}, 1 tokens;" in line
                    and "tile-major weights" in line for line in run.stdout.splitlines()) == 2, run.stdout[-2000:]

@@ -209,6 +209,23 @@ def main() -> int:
         torch.cuda.synchronize()
         print(backend.name, "gluon tile-major, block_n", block_n, "split", split, tuple(out.shape),
               bool(torch.isfinite(out).all()))
+    # prefill blocks through the Gluon kernel (gluon_prefill: 64 or 128 pairs a block as the wgmma's N, the whole K a
+    # program, the epilogue from the accumulators, a 4-warp producer): 600 tokens x 2 (1200 pairs: align_layouts'
+    # blocks, partly filled), GEMM1's K of 1.5 chunks, GEMM2's last program's second tile past its 192 rows; MXFP4,
+    # NVFP4 and NVFP4 W4A4 (GEMM2's input quantized in GEMM1's epilogue)
+    prefill = Shape(num_experts=4, hidden_size=192, intermediate_size=384, tokens=600, top_k=2)
+    for bm, block_n, scheme in ((64, 128, "w_mxfp4"), (128, 128, "w_nvfp4"), (64, 64, "w_nvfp4_a_nvfp4")):
+        backend = _bitplace(gluon=True).configure(block_m=bm, block_n=block_n, block_k=128, num_warps=4, num_stages=3,
+                                                  maxnreg=168 if block_n == 128 else 128, group_m=4, gluon_prefill=1,
+                                                  tile_major=1)
+        ckpt = make_checkpoint(scheme, "SWIGLUOAI", prefill.num_experts, prefill.hidden_size,
+                               prefill.intermediate_size, seed=1, with_bias=True)
+        x, w, ids = case_inputs(prefill, 1)
+        out = backend.forward(backend.prepare(ckpt), x.cuda(), w.cuda(), ids.cuda())
+        torch.cuda.synchronize()
+        kernels = [getattr(backend.last_compiled.get(g), "name", None) for g in ("w13", "w2")]
+        print(backend.name, "gluon prefill", scheme, "block_m", bm, "block_n", block_n, kernels, tuple(out.shape),
+              bool(torch.isfinite(out).all()))
     # persistent grids of moe_gemm_kernel (tiles' persistent): 2 programs (a one-multiprocessor GPU, as far as the
     # launch knows), each looping over many tiles, the used blocks' count read on the device; with tails and by TMA
     from harness.backends import triton_emulation

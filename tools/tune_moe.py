@@ -85,6 +85,15 @@ BITPLACE_PREFILL = [dict(block_m=m, block_n=n, block_k=128, num_warps=w, num_sta
                         (1, 2), (0, 1))
                     # tma at 128 rows: refused (it races when compiled, run-23)
                     if tm < m and not (t and m > 64) and not (it and (2 * tm != m or t or p))]
+# triton_bitplace_gluon's prefill (gluon_prefill: each expert block of block_m pairs the wgmma's N, 64 weight rows a
+# consumer warpgroup, one or two a program, the whole K a program, the epilogue from the accumulators): the ring's
+# depth, the grid's order and the register cap (168: two consumers at 224 and the producer, or one consumer at 256,
+# one program a multiprocessor; 128 at 64 x 64: one consumer at 200, two programs where the ring fits twice; at 128
+# pairs and 128 registers GEMM1's consumer spills)
+GLUON_PREFILL = [dict(block_m=m, block_n=n, block_k=128, num_warps=4, num_stages=s,
+                      maxnreg=128 if (m, n) == (64, 64) else 168,
+                      group_m=g, gluon_prefill=1, tile_major=1)
+                 for m, n, s, g in itertools.product((64, 128), (64, 128), (2, 3, 4), (0, 8))]
 CASES = [("gpt-oss-120b", "w_mxfp4", "triton_dot_scaled"), ("gpt-oss-120b", "w_mxfp4", "triton_emulation"),
          ("gpt-oss-120b", "w_nvfp4", "triton_emulation"), ("gpt-oss-120b", "bf16", "triton_emulation")]
 
@@ -131,7 +140,9 @@ def main() -> int:
             best = None
             bitplace = name.startswith("triton_bitplace")
             decode = GLUON_DECODE if name == "triton_bitplace_gluon" else BITPLACE_DECODE if bitplace else DECODE
-            grid = (BITPLACE_PREFILL if bitplace else PREFILL) if tokens >= 512 else decode
+            prefill_grid = (GLUON_PREFILL if name == "triton_bitplace_gluon" else BITPLACE_PREFILL if bitplace
+                            else PREFILL)
+            grid = prefill_grid if tokens >= 512 else decode
             for cfg in ({**c, **extra} for c in grid if all(c.get(k) in vs for k, vs in keep.items())):
                 backend.configure(**cfg)
                 try:

@@ -74,6 +74,16 @@ CODE_ROWS = gl.DistributedLinearLayout(
     warp_bases=[[16, 0, 0], [32, 0, 0]], block_bases=[], shape=[64, 4, 4])
 ACC = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 16, 16])
 DOT_A = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
+
+
+def accumulator_layouts(bm: int):
+    """(accumulator, register operand) layouts of a warpgroup's wgmma m64 n`bm` k16: 64 weight rows by bm pairs."""
+    if bm == 16:
+        return ACC, DOT_A
+    acc = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, bm, 16])
+    return acc, gl.DotOperandLayout(operand_index=0, parent=acc, k_width=2)
+
+
 CODE_SMEM = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
 SCALE_SMEM = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)
 SCALE_ROWS = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])  # the [1, 256] box seen as [64 rows, 4 bytes]
@@ -306,14 +316,16 @@ def _consumer(code_s, scale_s, x_s, ready, empty, c_lo, c_hi, out_ptr, sorted_ro
               expert_scale_ptr=None, bias_ptr=None, q_scale_ptr=None, N_ROWS=0, alpha=0.0, beta=0.0, beta_lin=0.0,
               limit=0.0, A_SCALE: gl.constexpr = 0, HAS_EXPERT_SCALE: gl.constexpr = False,
               HAS_BIAS: gl.constexpr = False, INTERLEAVED: gl.constexpr = False, ACT: gl.constexpr = 0,
-              APPLY_ACT: gl.constexpr = False, HAS_LIMIT: gl.constexpr = False, QUANT_NVFP4: gl.constexpr = False):
+              APPLY_ACT: gl.constexpr = False, HAS_LIMIT: gl.constexpr = False, QUANT_NVFP4: gl.constexpr = False,
+              DIRECT: gl.constexpr = 0):
     """One warpgroup's 64-row tile TILE of the program's TILES (its slots of the ring, its partial sums), the work
     item's first K step at ring position it0 (schedule 0 only: 1 and 2 start at 0, never persistent).
     OVERLAP 0: the up tile's decode overlaps the gate tile's MMA, each step waits for its MMAs; 1: two tiles
     decoded before their MMAs (two independent instruction chains for the scheduler; ungated, one tile a step, the
     tiles of two steps), each step waits; 2: as 1 gated, and a step's MMAs run on during the next step's decode
     (its slot is released one step later).
-    SERIAL: the tile's last split finishes it here (_serial_epilogue), not splitk_epilogue_kernel."""
+    SERIAL: the tile's last split finishes it here (_serial_epilogue), not splitk_epilogue_kernel.
+    DIRECT (SPLIT_K 1): the epilogue from the accumulators into final_ptr (_direct_epilogue), no partial sums."""
     NB: gl.constexpr = 2 if GATED else 1
     SL: gl.constexpr = gl.SliceLayout(1, ROWS3)
     acc_g = gl.zeros([64, BM], gl.float32, ACC_L)
@@ -382,6 +394,13 @@ def _consumer(code_s, scale_s, x_s, ready, empty, c_lo, c_hi, out_ptr, sorted_ro
             else:
                 mbarrier.arrive(empty.index(s))
     acc_g, acc_u = warpgroup_mma_wait(0, deps=[acc_g, acc_u])
+    if DIRECT:
+        gl.static_assert(SPLIT_K == 1, "the direct epilogue takes the whole K in one program")
+        _direct_epilogue(acc_g, acc_u, sorted_rows_ptr, n_pairs, N_OUT, pid_m, g_col, GATED, BM, block_expert_ptr,
+                         final_ptr, a_scale_ptr, expert_scale_ptr, bias_ptr, q_scale_ptr, N_ROWS, alpha, beta,
+                         beta_lin, limit, A_SCALE, HAS_EXPERT_SCALE, HAS_BIAS, INTERLEAVED, ACT, APPLY_ACT, HAS_LIMIT,
+                         QUANT_NVFP4)
+        return
     pair = gl.load(sorted_rows_ptr + pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, ACC_L)))
     n = g_col + gl.arange(0, 64, layout=gl.SliceLayout(1, ACC_L))
     part = ((pid_s * n_pairs + pair.to(gl.int64))[None, :] * 2) * N_OUT + n[:, None]
@@ -438,8 +457,40 @@ def _serial_epilogue(part_ptr, sorted_rows_ptr, n_pairs, N_OUT, pid_m, g_col, GA
 
 
 @gluon.jit
+def _direct_epilogue(acc_g, acc_u, sorted_rows_ptr, n_pairs, N_OUT, pid_m, g_col, GATED: gl.constexpr,
+                     BM: gl.constexpr, block_expert_ptr, final_ptr, a_scale_ptr, expert_scale_ptr, bias_ptr,
+                     q_scale_ptr, N_ROWS, alpha, beta, beta_lin, limit, A_SCALE: gl.constexpr,
+                     HAS_EXPERT_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, INTERLEAVED: gl.constexpr,
+                     ACT: gl.constexpr, APPLY_ACT: gl.constexpr, HAS_LIMIT: gl.constexpr, QUANT_NVFP4: gl.constexpr):
+    """moe_gemm_kernel's epilogue (triton_kernels._epilogue: scales, bias, the bf16 rounding points, the activation,
+    GEMM2's NVFP4 input where GEMM1 quantizes it) of one warpgroup's [64 rows, BM pairs] accumulators, transposed
+    to [BM pairs, 64 rows] through shared memory, into final_ptr: the sums of the whole K, so no partial sums
+    travel through memory (prefill: GEMM1's partials of Kimi-K2 at 8192 tokens would be 1 GB each way)."""
+    g = gl.convert_layout(gl.permute(acc_g, (1, 0)), EPILOGUE)
+    if GATED:
+        u = gl.convert_layout(gl.permute(acc_u, (1, 0)), EPILOGUE)
+    else:
+        u = g
+    pair = gl.load(sorted_rows_ptr + pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, EPILOGUE)))
+    m_mask = pair < n_pairs
+    n_offs = g_col + gl.arange(0, 64, layout=gl.SliceLayout(0, EPILOGUE))
+    n_mask = n_offs < N_OUT
+    expert = gl.load(block_expert_ptr + pid_m)
+    g_row, u_row = K._gate_up_rows(n_offs, N_OUT, GATED, INTERLEAVED)
+    K._epilogue(g, u, pair, m_mask, n_offs, n_mask, g_row, u_row, expert, a_scale_ptr, expert_scale_ptr, bias_ptr,
+                final_ptr, N_OUT, N_ROWS, alpha, beta, beta_lin, limit, A_SCALE, HAS_EXPERT_SCALE, HAS_BIAS, GATED, ACT,
+                APPLY_ACT, HAS_LIMIT, q_scale_ptr, QUANT_NVFP4, BM, 64)
+
+
+@gluon.jit
+def _grouped_tile_order(pid_m, pid_n, n_blocks_m, n_blocks_n, GROUP_M: gl.constexpr):
+    """triton_kernels.grouped_tile_order, called from a kernel whose K argument (the GEMM's K) hides the module."""
+    return K.grouped_tile_order(pid_m, pid_n, n_blocks_m, n_blocks_n, GROUP_M)
+
+
+@gluon.jit
 def _ring(codes_desc, scales_desc, GATED: gl.constexpr, W_NV: gl.constexpr, STAGES: gl.constexpr, TILES: gl.constexpr,
-          BM: gl.constexpr, XS: gl.constexpr):
+          BM: gl.constexpr, XS: gl.constexpr, PW: gl.constexpr = PRODUCER_WARPS):
     """The STAGES-deep ring in shared memory (each slot: every tile's codes and scale box, the block's activation
     rows) and its ready / empty mbarriers, initialised."""
     NB: gl.constexpr = 2 if GATED else 1
@@ -450,7 +501,7 @@ def _ring(codes_desc, scales_desc, GATED: gl.constexpr, W_NV: gl.constexpr, STAG
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
-        mbarrier.init(ready.index(s), count=32 * PRODUCER_WARPS + 1)  # a cp.async arrive a thread, expect's
+        mbarrier.init(ready.index(s), count=32 * PW + 1)  # a cp.async arrive a thread, expect's
         mbarrier.init(empty.index(s), count=TILES)  # each consumer warpgroup releases the slot
     return code_s, scale_s, x_s, ready, empty
 
@@ -517,7 +568,10 @@ def bitplace_partials_kernel(codes_desc, scales_desc, a_ptr, out_ptr, sorted_row
                              HAS_BIAS: gl.constexpr = False, INTERLEAVED: gl.constexpr = False, ACT: gl.constexpr = 0,
                              APPLY_ACT: gl.constexpr = False, HAS_LIMIT: gl.constexpr = False,
                              QUANT_NVFP4: gl.constexpr = False, ids_ptr=None, P_IDS: gl.constexpr = 16,
-                             prefetch_chunks=0, TILE_MAJOR: gl.constexpr = 0):
+                             prefetch_chunks=0, TILE_MAJOR: gl.constexpr = 0, BM: gl.constexpr = 16,
+                             DIRECT: gl.constexpr = 0, PW: gl.constexpr = PRODUCER_WARPS,
+                             PREGS: gl.constexpr = 40, SREGS: gl.constexpr = SECOND_CONSUMER_REGS,
+                             GROUP_M: gl.constexpr = 0):
     """fp32 partial sums [SPLIT_K, pairs, 2, N_OUT] of expert block program_id(0) (16 pairs), output rows
     64 TILES program_id(1) .. + 64 TILES - 1 (gate; up N_OUT rows on when GATED), K chunks of share program_id(2).
     TILES 2: two consumer warpgroups, a 64-row tile each, on one ring (the activation rows loaded once).
@@ -536,7 +590,6 @@ def bitplace_partials_kernel(codes_desc, scales_desc, a_ptr, out_ptr, sorted_row
     SERIAL 1 (not persistent): each 64-row tile finished in this launch by its last split (count_ptr: an int32 a tile,
     zero before the launch and reset after; _serial_epilogue into final_ptr with splitk_epilogue_kernel's operands
     and flags), instead of a splitk_epilogue_kernel launch after it."""
-    BM: gl.constexpr = 16
     if PDL == 1:
         gdc_wait()
         gdc_launch_dependents()
@@ -570,6 +623,8 @@ def bitplace_partials_kernel(codes_desc, scales_desc, a_ptr, out_ptr, sorted_row
         pid_m = gl.program_id(0)
         pid_n = gl.program_id(1)
         pid_s = gl.program_id(2)
+        if GROUP_M:  # prefill: GROUP_M expert blocks' N tiles run together (their rows and weights shared in L2)
+            pid_m, pid_n = _grouped_tile_order(pid_m, pid_n, gl.num_programs(0), gl.num_programs(1), GROUP_M)
         per = gl.cdiv(chunks, SPLIT_K)
         c_lo = pid_s * per
         c_hi = gl.minimum(c_lo + per, chunks)
@@ -592,7 +647,7 @@ def bitplace_partials_kernel(codes_desc, scales_desc, a_ptr, out_ptr, sorted_row
                                           c_hi, chunks, N_ROWS, TILES, 8 if W_NV else 4, TILE_MAJOR)
                 gdc_wait()  # the activation rows (GEMM1's, by its epilogue kernel or its own) and every write after
                 gdc_launch_dependents()
-            code_s, scale_s, x_s, ready, empty = _ring(codes_desc, scales_desc, GATED, W_NV, STAGES, TILES, BM, XS)
+            code_s, scale_s, x_s, ready, empty = _ring(codes_desc, scales_desc, GATED, W_NV, STAGES, TILES, BM, XS, PW)
             code_row = expert * (N_ROWS // 2)
             scale_row = expert * chunks
             if TILES == 1:
@@ -602,11 +657,11 @@ def bitplace_partials_kernel(codes_desc, scales_desc, a_ptr, out_ptr, sorted_row
                                   ROWS3, SVIEW, OVERLAP, 0, SPLIT_K, SERIAL, count_ptr, block_expert_ptr, final_ptr,
                                   a_scale_ptr, expert_scale_ptr, bias_ptr, q_scale_ptr, N_ROWS, alpha, beta, beta_lin,
                                   limit, A_SCALE, HAS_EXPERT_SCALE, HAS_BIAS, INTERLEAVED, ACT, APPLY_ACT, HAS_LIMIT,
-                                  QUANT_NVFP4)),
+                                  QUANT_NVFP4, DIRECT)),
                      (_producer, (codes_desc, scales_desc, a_ptr, sorted_rows_ptr, n_pairs, a_row_div, K, N_OUT, code_s,
                                   scale_s, x_s, ready, empty, pid_m, code_row, scale_row, g_col, c_lo, c_hi, N_ROWS,
                                   GATED, W_NV, STAGES, TILES, BM, XL, 0, TILE_MAJOR, chunks))],
-                    [PRODUCER_WARPS], [40])
+                    [PW], [PREGS])
             else:
                 gl.warp_specialize(
                     [(_consumer, (code_s, scale_s, x_s, ready, empty, c_lo, c_hi, out_ptr, sorted_rows_ptr, n_pairs,
@@ -614,17 +669,17 @@ def bitplace_partials_kernel(codes_desc, scales_desc, a_ptr, out_ptr, sorted_row
                                   ROWS3, SVIEW, OVERLAP, 0, SPLIT_K, SERIAL, count_ptr, block_expert_ptr, final_ptr,
                                   a_scale_ptr, expert_scale_ptr, bias_ptr, q_scale_ptr, N_ROWS, alpha, beta, beta_lin,
                                   limit, A_SCALE, HAS_EXPERT_SCALE, HAS_BIAS, INTERLEAVED, ACT, APPLY_ACT, HAS_LIMIT,
-                                  QUANT_NVFP4)),
+                                  QUANT_NVFP4, DIRECT)),
                      (_consumer, (code_s, scale_s, x_s, ready, empty, c_lo, c_hi, out_ptr, sorted_rows_ptr, n_pairs,
                                   N_OUT, pid_m, pid_s, g_col + 64, 1, TILES, GATED, W_NV, STAGES, BM, ACC_L, DOT, PAIRS,
                                   ROWS3, SVIEW, OVERLAP, 0, SPLIT_K, SERIAL, count_ptr, block_expert_ptr, final_ptr,
                                   a_scale_ptr, expert_scale_ptr, bias_ptr, q_scale_ptr, N_ROWS, alpha, beta, beta_lin,
                                   limit, A_SCALE, HAS_EXPERT_SCALE, HAS_BIAS, INTERLEAVED, ACT, APPLY_ACT, HAS_LIMIT,
-                                  QUANT_NVFP4)),
+                                  QUANT_NVFP4, DIRECT)),
                      (_producer, (codes_desc, scales_desc, a_ptr, sorted_rows_ptr, n_pairs, a_row_div, K, N_OUT, code_s,
                                   scale_s, x_s, ready, empty, pid_m, code_row, scale_row, g_col, c_lo, c_hi, N_ROWS,
                                   GATED, W_NV, STAGES, TILES, BM, XL, 0, TILE_MAJOR, chunks))],
-                    [4, PRODUCER_WARPS], [SECOND_CONSUMER_REGS, 40])
+                    [4, PW], [SREGS, PREGS])
 
 
 def scales_by_chunk(scales, n_rows: int, chunks: int, per_chunk: int = 4):
@@ -664,7 +719,8 @@ def launch_bitplace_partials(launcher, codes, scales_t, a, partials, sorted_rows
                              a_row_div: int, n_out: int, n_rows: int, k_dim: int, gated: bool, split_k: int,
                              stages: int, maxnreg: int, overlap: int = 0, tiles: int = 1, nvfp4: int = 0,
                              pdl: int = 0, persistent: int = 0, serial: dict | None = None,
-                             prefetch: tuple | None = None, tile_major: tuple | None = None):
+                             prefetch: tuple | None = None, tile_major: tuple | None = None, bm: int = 16,
+                             direct: dict | None = None, producer: tuple | None = None, group_m: int = 0):
     """One launch of bitplace_partials_kernel through `launcher` (triton_kernels' attribute, so that
     compile_check can record it): codes [E, N_ROWS, chunks * 64] bytes (rows in pairs), scales_t from
     scales_by_chunk, partials fp32 [split_k, n_pairs, 2, n_out]; overlap: the consumer's schedule (_consumer);
@@ -678,7 +734,12 @@ def launch_bitplace_partials(launcher, codes, scales_t, a, partials, sorted_rows
     in this launch, no epilogue kernel after it; prefetch: None, or (the call's expert ids, flat; K chunks) for GEMM1's
     PDL 3: each program's first that many chunks of weights into L2 before its wait (at most 16 tokens, pdl 1);
     tile_major: None, or (tile_major_codes, tile_major_scales) of the same weights, read instead (TILE_MAJOR: n_rows
-    and, gated, n_out multiples of 64; not persistent)."""
+    and, gated, n_out multiples of 64; not persistent); bm: pairs an expert block (the wgmma's N: 16 at decode, up to
+    256 at prefill, plain grid, no PDL); direct: None, or the epilogue's operands (serial's without count_ptr): the
+    outputs written from the accumulators (split_k 1; partials unused); producer: None (one warp, 40 registers, a
+    second consumer at SECOND_CONSUMER_REGS) or (warps, registers, second consumer's registers): at bm 64 one warp
+    holding every row's address spills, four do not; group_m: the grid's programs in groups of that many expert
+    blocks, each group's N tiles in turn (triton_kernels.grouped_tile_order)."""
     if pdl == 2 and gated:
         raise ValueError("pdl 2 (weights prefetched before the wait) is GEMM2's mode: ungated tiles only")
     if prefetch is not None:
@@ -691,6 +752,15 @@ def launch_bitplace_partials(launcher, codes, scales_t, a, partials, sorted_rows
             raise ValueError(f"prefetch finds a block's expert by ranking the expert ids, which holds where no expert "
                              f"has more than 16 pairs: at most 16 tokens and the call's {n_pairs} ids; got "
                              f"{a.shape[0]} tokens and {ids.numel()} ids")
+    if bm not in (16, 32, 64, 128, 256) or bm != 16 and (persistent or prefetch is not None or pdl):
+        raise ValueError(f"bm (pairs an expert block) is 16, or 32 to 256 on the plain grid without PDL, got bm {bm}, "
+                         f"persistent {persistent}, pdl {pdl}")
+    if direct and (split_k != 1 or serial or persistent):
+        raise ValueError(f"direct (the epilogue from the accumulators) takes the whole K in one program: split_k 1, "
+                         f"neither serial nor persistent; got split_k {split_k}, serial {bool(serial)}, "
+                         f"persistent {persistent}")
+    if group_m and persistent:
+        raise ValueError("group_m orders the plain grid's programs: persistent 0")
     if persistent and serial:
         raise ValueError("a persistent launch leaves the epilogue to splitk_epilogue_kernel: serial with persistent 0")
     if persistent and overlap != 0:
@@ -715,6 +785,8 @@ def launch_bitplace_partials(launcher, codes, scales_t, a, partials, sorted_rows
     grid = (block_expert.numel(), -(-n_out // (64 * tiles)), split_k)
     # (the prefetches' addresses are in bytes)
     extra = dict(codes_ptr=codes.view(torch.uint8), scales_ptr=scales_t, PDL=pdl, launch_pdl=True) if pdl else {}
+    if group_m:
+        extra["GROUP_M"] = group_m
     if tile_major is not None:
         extra["TILE_MAJOR"] = 1
     if prefetch is not None:
@@ -722,10 +794,18 @@ def launch_bitplace_partials(launcher, codes, scales_t, a, partials, sorted_rows
                      prefetch_chunks=prefetch_chunks)
     if serial:  # the epilogue's products and sums rounded one by one, as splitk_epilogue_kernel's (no contraction)
         extra.update(SERIAL=1, enable_fp_fusion=False, **serial)
+    if direct:  # (the same roundings as moe_gemm_kernel's epilogue, compiled without contraction too)
+        extra.update(DIRECT=1, enable_fp_fusion=False, **direct)
+    acc_layout, dot_layout = accumulator_layouts(bm)
+    x_load = X_LOAD
+    if producer is not None:  # (warps, registers) of the producer partition, registers of a second consumer
+        warps, regs, second = producer
+        x_load = gl.BlockedLayout([1, 8], [2, 16], [warps, 1], [1, 0])
+        extra.update(PW=warps, PREGS=regs, SREGS=second)
     if persistent:
         grid = (min(persistent, grid[0] * grid[1] * grid[2]),)
         extra.update(PERSIST=1, n_blocks=block_expert.numel(), **(dict(PDL=1) if pdl else {}))
     return launcher[grid](codes_desc, scales_desc, a, partials, sorted_rows, block_expert, n_pairs, a_row_div, n_out,
                           n_rows, k_dim, chunks, GATED=gated, W_NV=nvfp4, STAGES=stages, SPLIT_K=split_k, OVERLAP=overlap,
-                          TILES=tiles, ACC_L=ACC, DOT=DOT_A, PAIRS=CODE_PAIRS, ROWS3=CODE_ROWS, SVIEW=SCALE_ROWS,
-                          XS=X_SMEM, XL=X_LOAD, num_warps=4, maxnreg=maxnreg, **extra)
+                          TILES=tiles, ACC_L=acc_layout, DOT=dot_layout, PAIRS=CODE_PAIRS, ROWS3=CODE_ROWS,
+                          SVIEW=SCALE_ROWS, XS=X_SMEM, XL=x_load, num_warps=4, maxnreg=maxnreg, BM=bm, **extra)

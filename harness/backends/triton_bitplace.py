@@ -198,7 +198,11 @@ class TritonBitplaceBackend(TritonEmulationBackend):
         block_n = tiles.get(f"{which}_block_n") or tiles["block_n"]
         nvfp4 = prep.ckpt.scheme.weight.kind is NVFP4
         scaled = a_mode != 0 or quantize_nvfp4 is not None or prep.ckpt.scheme.act is not None
-        if (scales is None or a_mode not in (0, 1) or scaled and not GLUON_QUANTIZED_ACT or tiles["block_m"] != 16
+        # prefill blocks (the tiles' gluon_prefill): block_m pairs a block as the wgmma's N, whole K a program, the
+        # epilogue from the accumulators (direct), a 4-warp producer (one warp holding 64 rows' addresses spills)
+        bm = tiles["block_m"]
+        prefill = bool(tiles.get("gluon_prefill")) and bm in (32, 64, 128) and (tiles.get("split_k") or 1) == 1
+        if (scales is None or a_mode not in (0, 1) or scaled and not GLUON_QUANTIZED_ACT or bm != 16 and not prefill
                 or n_rows % 4
                 or n_rows < 64 or k_dim % 16 or n_out % 2 or block_n not in (64, 128) or tiles["num_warps"] != 4
                 or nvfp4 and (n_rows % 32 or n_out % 32)):  # NVFP4: a tile's 512 scale bytes as 256-byte box rows
@@ -224,8 +228,15 @@ class TritonBitplaceBackend(TritonEmulationBackend):
         # the tile-major copy of the weights (GLUON_TILE_MAJOR) where this GEMM's rows are whole 64-row tiles
         tile_major = prep.extras.get(f"{which}_tile_major") if tiles.get("tile_major") and not persistent else None
 
+        prefill_args = {}
+        if prefill:
+            # registers: the producer warpgroup 56, two consumers share the rest of the launch's cap (multiples of 8;
+            # one consumer takes it all: the second's figure is then unused)
+            prefill_args = dict(bm=bm, producer=(4, 56, (3 * maxnreg - 56) // 2 // 8 * 8),
+                                group_m=tiles.get("group_m") or 0)
+
         def run(a, partials, sorted_rows, block_expert, n_pairs, a_row_div, n_out, n_rows, k_dim, gated, split_k,
-                serial=None, ids=None):
+                serial=None, ids=None, direct=None):
             if a.data_ptr() % 16 or a.stride() != (k_dim, 1):  # cp.async moves 16-byte runs of whole rows: a view
                 a = a.clone(memory_format=torch.contiguous_format)  # at an odd offset goes through a fresh copy
             return launch_bitplace_partials(triton_kernels.bitplace_partials_kernel, codes, scales, a, partials,
@@ -238,7 +249,9 @@ class TritonBitplaceBackend(TritonEmulationBackend):
                                             **({"prefetch": (ids, prefetch_chunks)}
                                                if prefetch_chunks and ids is not None and a.shape[0] <= 16 else {}),
                                             **({"tile_major": tile_major}
-                                               if tile_major and not (gated and n_out % 64) else {}))
+                                               if tile_major and not (gated and n_out % 64) else {}),
+                                            **({"direct": direct} if direct else {}), **prefill_args)
+        run.direct = prefill  # the outputs from the accumulators: no partial sums, no epilogue launch after
         return run
 
 
@@ -434,6 +447,19 @@ GLUON_W13_PREFETCH = 4
 # rows). MOE_CONFORMANCE_GLUON_TILE_MAJOR=0: pair rows only (A/B runs)
 GLUON_TILE_MAJOR = os.environ.get("MOE_CONFORMANCE_GLUON_TILE_MAJOR", "1") == "1"
 GLUON_W13_PREFETCH_BYTES = 40 << 20
+# Prefill (blocks of more than 16 pairs) through the Gluon kernel too (the tiles' gluon_prefill): each expert block of
+# block_m pairs is the wgmma's N (64: Kimi-K2's ~171 rows an expert pad to 192, gpt-oss-120b's 256 to 256, no tail
+# blocks), two consumer warpgroups a program on 128 weight rows over the whole K, a 4-warp producer (TMA weights,
+# cp.async activation rows), the epilogue from the accumulators (no partial sums: GEMM1's of Kimi-K2 at 8192 tokens
+# would be 1 GB each way), the programs in groups of 8 expert blocks (group_m, as moe_gemm_kernel's prefill rows). Why:
+# moe_gemm_kernel's FP4 prefill rows run loads, decode and MMAs in the same warps, 248 registers, at 42-51% of dense
+# bf16 on an H100 (results/gpu-issue28/run-34); here the loads leave the consumers, and a K step's decode (~170
+# instructions a warp and 64-row tile) is under half its MMA time at 64 pairs. Compiled for sm90 by Triton 3.6 at
+# maxnreg 168 without spills (consumers at 248 / 224 registers, 164 KB of shared memory at 4 stages: one program a
+# multiprocessor); not yet run on a GPU. MOE_CONFORMANCE_GLUON_PREFILL=1 makes it triton_bitplace_gluon's prefill row
+GLUON_PREFILL = os.environ.get("MOE_CONFORMANCE_GLUON_PREFILL", "0") == "1"
+GLUON_PREFILL_TILES = dict(block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=4, maxnreg=168, group_m=8,
+                           gluon_prefill=1)
 GLUON_W13_PREFETCH_SET = os.environ.get("MOE_CONFORMANCE_GLUON_W13_PREFETCH")
 
 
@@ -492,6 +518,8 @@ class TritonBitplaceGluonBackend(TritonBitplaceBackend):
                 tiles["w13_prefetch"] = int(GLUON_W13_PREFETCH_SET)
             if GLUON_TILE_MAJOR:
                 tiles["tile_major"] = 1
+        if self.tiles is None and tiles["block_m"] != 16 and GLUON_PREFILL:
+            tiles = dict(GLUON_PREFILL_TILES, **({"tile_major": 1} if GLUON_TILE_MAJOR else {}))
         if tiles["block_m"] == 16 and "pdl_bytes" not in tiles:
             tiles.setdefault("pdl", int(GLUON_PDL or 0))
         return tiles

@@ -88,7 +88,8 @@ FUSED_ALIGN_STEPS = dict(FILL=1024, OWNER_BY_EXPERT=True, RANK_SORT=True)
 
 TILE_KEYS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "w2_block_n", "maxnreg", "mma_steps",
              "split_k", "mma_overlap", "w2_mma_overlap", "pdl", "persistent", "group_m", "tma", "tail_m",
-             "serial_k", "warp_spec", "inline_tails", "quant_launch", "scale_regs", "w13_prefetch", "tile_major")
+             "serial_k", "warp_spec", "inline_tails", "quant_launch", "scale_regs", "w13_prefetch", "tile_major",
+             "gluon_prefill")
 # optional keys: w2_block_n (GEMM2's N tile where it differs from GEMM1's), maxnreg (a register cap per thread, so
 # that more programs fit on a multiprocessor; 0 = the compiler's choice), mma_steps (triton_bitplace: MMA steps per
 # 128-value chunk, 1 or 2; 2 holds half the decoded tile in registers), split_k (triton_bitplace: the K chunks
@@ -126,7 +127,9 @@ TILE_KEYS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "w2_blo
 # before its wait for the routing launch, its block's expert ranked from the expert ids; gluon_kernels' PDL 3),
 # tile_major (triton_bitplace_gluon: its GEMMs read a tile-major copy of the weights, each 64-row tile's K steps one
 # contiguous run, where the rows are whole 64-row tiles; prepared when configured before prepare() or by
-# MOE_CONFORMANCE_GLUON_TILE_MAJOR=1), and
+# MOE_CONFORMANCE_GLUON_TILE_MAJOR=1), gluon_prefill (triton_bitplace_gluon: 1 runs blocks of block_m 32, 64 or 128
+# pairs through the Gluon kernel too, the whole K a program and the epilogue from its accumulators; block_n 64 or 128
+# its consumer warpgroups' rows, maxnreg their register cap, group_m the programs' order), and
 # split_k_programs instead: split_k then is the fewest splits that give GEMM1 that many programs (split_k_to_fill),
 # and pdl_bytes: pdl 1 where GEMM2's weights of the call (one expert a pair at most) are at most that many bytes,
 # else 2
@@ -729,7 +732,9 @@ class TritonEmulationBackend:
         q_scale = quantize_nvfp4.reshape(1) if quantize else out
         target = out
         partials = self._partials_kernel(prep, which, a_mode, tiles, quantize_nvfp4, n_out, n_rows, k_dim)
-        if split_k > 1 or partials:
+        # a subclass's kernel that finishes its tiles from the accumulators (the epilogue's operands, no partial sums)
+        direct = bool(getattr(partials, "direct", False))
+        if split_k > 1 or partials and not direct:
             launch_options["SPLIT_K"] = split_k
             target = torch.empty(split_k, n_pairs, 2, n_out, dtype=torch.float32, device=out.device)
         # the split-K epilogue in the GEMM's launch (SERIAL_K; a partial-sums kernel's SERIAL) where
@@ -793,19 +798,23 @@ class TritonEmulationBackend:
                                   final_ptr=out)
         key = which + "_tail" if tail else which
         self.last_launch[key] = (grid, tiles)
-        if partials:  # a subclass's own kernel writes the fp32 partial sums; the epilogue below is the same
-            serial_epilogue = dict(
-                count_ptr=self._tile_count_buffer(out.device, block_expert.numel() * triton_cdiv(n_out, 64)),
+        if partials:  # a subclass's own kernel writes the fp32 partial sums (or, direct, the outputs); the epilogue
+            # is moe_gemm_kernel's, with these operands
+            epilogue = dict(
                 final_ptr=out, a_scale_ptr=a_scale if a_mode else dummy,
                 expert_scale_ptr=expert_scale if expert_scale is not None else dummy,
                 bias_ptr=bias if bias is not None else dummy, q_scale_ptr=q_scale, alpha=scalars[0], beta=scalars[1],
                 beta_lin=scalars[2], limit=scalars[3], QUANT_NVFP4=quantize,
                 **{k: common[k] for k in ("A_SCALE", "HAS_EXPERT_SCALE", "HAS_BIAS", "INTERLEAVED", "ACT", "APPLY_ACT",
-                                          "HAS_LIMIT")}) if serial else None
+                                          "HAS_LIMIT")})
+            if serial:
+                epilogue["count_ptr"] = self._tile_count_buffer(out.device,
+                                                                block_expert.numel() * triton_cdiv(n_out, 64))
             self.last_compiled[key] = partials(a, target, sorted_rows, block_expert, n_pairs, a_row_div, n_out,
                                                  n_rows, k_dim, bool(apply_act and act.gated), split_k,
                                                  ids=topk_ids.reshape(-1),
-                                                 **({"serial": serial_epilogue} if serial else {}))
+                                                 **({"serial": epilogue} if serial else {}),
+                                                 **({"direct": epilogue} if direct else {}))
         else:
             self.last_compiled[key] = K.moe_gemm_kernel[grid](
                 a_arg, a_scale if a_mode else dummy, w_arg, ws if ws is not None else dummy,
@@ -820,7 +829,7 @@ class TritonEmulationBackend:
                 num_warps=tiles["num_warps"], num_stages=tiles["num_stages"], **common, **launch_options,
                 **prep.constexprs,
             )
-        if split_k == 1 and not partials or serial:
+        if split_k == 1 and not partials or serial or direct:
             return quantize
         operands = (a_scale if a_mode else dummy, expert_scale if expert_scale is not None else dummy,
                     bias if bias is not None else dummy)
