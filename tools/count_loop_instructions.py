@@ -13,7 +13,8 @@ this CPU venv may hold another; say which when you quote them.
     python tools/count_loop_instructions.py [--tokens 8] [--model gpt-oss-120b] [--path w_nvfp4/triton_bitplace ...]
                                             [--path w_mxfp4/triton_bitplace+gluon]  # the Gluon decode GEMM
                                             [--sass DIR]   # JSON to $OUT (or results/); --sass: each loop's SASS
-                                            [--tiles block_m=128 ...]  # over the tile table's (moe_gemm_kernel)
+                                            [--tiles block_m=128 ...]  # over the tile table's (+gluon too:
+                                            # gluon_prefill=1 block_m=64 ... its prefill launch)
 
 At prefill sizes the weights' bytes are not the bound but the tensor cores are: each line also gives the K step's
 issue time over its MMA time on one multiprocessor (harness.bench.diagnosis.issue_over_mma).
@@ -89,7 +90,8 @@ def capture_gemm1(scheme: str, backend_name: str, model: str, tokens: int, over:
     # layout whatever the values, and only GEMM1's launch is wanted
     backend._quantize_activation = lambda x2, scale, aq, fmt: ((x2, 0, x2) if aq is None else
                                                                (x2.to(torch.bfloat16), 1, torch.ones(1)))
-    if over and not gluon:  # the table's tiles at the model's pair count, the given keys over them (launch flags too)
+    if over:  # the table's tiles at the model's pair count, the given keys over them (launch flags too; +gluon:
+        # gluon_prefill=1 with block_m 32-128 captures the Gluon kernel's prefill launch)
         kinds = scheme_kinds(ckpt.scheme)
         backend.configure(**{k: v for k, v in dict(backend.tile_config(tokens * shape.top_k, *kinds), **over).items()
                              if k in triton_emulation.TILE_KEYS})
@@ -140,16 +142,15 @@ def main(argv=None) -> int:
     unknown = set(over) - set(triton_emulation.TILE_KEYS)
     if unknown:
         ap.error(f"--tiles: unknown keys {sorted(unknown)} (backend.configure's: {triton_emulation.TILE_KEYS})")
-    if over and any(p.endswith("+gluon") for p in args.path or []):
-        ap.error("--tiles: moe_gemm_kernel's tiles only (the Gluon decode GEMM's launch is captured as it is)")
     rows = []
     print(f"triton {triton.__version__}, sm90, {args.model}, {args.tokens} tokens; budget {BUDGET} at copy rate")
     for scheme, backend_name in [tuple(p.split("/")) for p in args.path] if args.path else PATHS:
         launch_args, kwargs = capture_gemm1(scheme, backend_name, args.model, args.tokens, over)
         compiled = compile_sm90(launch_args, kwargs)
         loop = k_loop(*sass(compiled.asm["cubin"]))
-        if "PAIRS" in kwargs:  # the Gluon kernel: a 64-row tile (gate and up when gated) of one 128-value chunk
-            kwargs.update(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_stages=kwargs["STAGES"])
+        if "PAIRS" in kwargs:  # the Gluon kernel: a 64-row tile (gate and up when gated) of one 128-value chunk,
+            # BM pairs (16 at decode)
+            kwargs.update(BLOCK_M=kwargs.get("BM", 16), BLOCK_N=64, BLOCK_K=128, num_stages=kwargs["STAGES"])
         nbytes = weight_bytes_per_iteration(scheme, kwargs["BLOCK_N"], kwargs["BLOCK_K"], bool(kwargs.get("GATED")))
         per_byte = len(loop) * kwargs["num_warps"] / nbytes
         ratio = issue_over_mma(len(loop), kwargs["num_warps"], kwargs["BLOCK_M"],

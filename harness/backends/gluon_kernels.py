@@ -1,9 +1,10 @@
 """A warp-specialised FP4 decode GEMM in Gluon (Triton's explicit-layout dialect) for Hopper (issue 28).
 
-bitplace_partials_kernel computes triton_bitplace's MXFP4 (or NVFP4: W_NV) x bf16 products of one expert block (16 pairs) and 64
-output rows (gate and up when gated) over a share of the K chunks, as fp32 partial sums [SPLIT_K, pairs, 2, N_OUT]
-that triton_kernels.splitk_epilogue_kernel / splitk_topk_reduce_kernel finish (bias, activation, top-k sum: the
-same epilogues and roundings as the split-K path of moe_gemm_kernel). What differs from moe_gemm_kernel's loop:
+bitplace_partials_kernel computes triton_bitplace's MXFP4 (or NVFP4: W_NV) x bf16 products of one expert block (16
+pairs at decode, 32-128 at prefill: BM) and 64 output rows (gate and up when gated) over a share of the K chunks, as
+fp32 partial sums [SPLIT_K, pairs, 2, N_OUT] that triton_kernels.splitk_epilogue_kernel / splitk_topk_reduce_kernel
+finish (bias, activation, top-k sum: the same epilogues and roundings as the split-K path of moe_gemm_kernel), or at
+prefill (DIRECT) the outputs themselves through moe_gemm_kernel's epilogue. What differs from moe_gemm_kernel's loop:
 - a one-warp producer partition streams each K step's codes (rows stored in pairs, triton_bitplace.pair_rows: one
   [32 row pairs, 32 words] TMA box a tile) and block scales (a transposed copy, one [1, 256]-byte box a tile)
   with TMA, and the block's activation rows with cp.async, into a STAGES-deep ring of shared memory, signalling
@@ -589,7 +590,11 @@ def bitplace_partials_kernel(codes_desc, scales_desc, a_ptr, out_ptr, sorted_row
     the next item's loads under the last one's MMAs and stores (schedule 0; PDL 1 or none).
     SERIAL 1 (not persistent): each 64-row tile finished in this launch by its last split (count_ptr: an int32 a tile,
     zero before the launch and reset after; _serial_epilogue into final_ptr with splitk_epilogue_kernel's operands
-    and flags), instead of a splitk_epilogue_kernel launch after it."""
+    and flags), instead of a splitk_epilogue_kernel launch after it.
+    Prefill (the tiles' gluon_prefill): BM pairs an expert block (32-128: the wgmma's N; 16 at decode), DIRECT 1 (split
+    1) moe_gemm_kernel's epilogue from the accumulators into final_ptr (_direct_epilogue; out_ptr unused), PW producer
+    warps at PREGS registers (4 at 56: a warp of 64 rows' cp.async addresses would spill), SREGS the second consumer's,
+    GROUP_M the programs in groups of that many expert blocks (grouped_tile_order)."""
     if PDL == 1:
         gdc_wait()
         gdc_launch_dependents()
