@@ -1,34 +1,37 @@
 #!/bin/bash
 # Issue 28 run-36 (session 38; H200 or H100, carry .third_party). PART may name several parts; every part's files go
 # into one tar under $OUT.
-#   PART=gprefill  ~6 min: triton_bitplace_gluon's prefill blocks (gluon_prefill, MOE_CONFORMANCE_GLUON_PREFILL=1):
-#                  bit for bit against triton_bitplace's moe_gemm_kernel at 64-pair blocks (300 and 2048 tokens,
-#                  8 experts at each model's sizes; MXFP4, NVFP4 W4A4, NVFP4), then replay wall time at 8192 tokens
-#                  (tools/chain_timeline.py --sweep GLUON_PREFILL=0,1: the present prefill rows against it, one
-#                  process, the full checkpoints) and three other tiles at gpt-oss-120b MXFP4
+#   triton_bitplace_gluon's prefill blocks (gluon_prefill, MOE_CONFORMANCE_GLUON_PREFILL=1):
+#   PART=gbfb      bit for bit against triton_bitplace's moe_gemm_kernel at 64-pair blocks (300 and 2048 tokens,
+#                  8 experts at each model's sizes; MXFP4, NVFP4 W4A4, NVFP4)
+#   PART=gtime     replay wall time at 8192 tokens (tools/chain_timeline.py --sweep GLUON_PREFILL=0,1: the present
+#                  prefill rows against it, one process, the full checkpoints), both models, three schemes
+#   PART=gcfg      four other tiles at gpt-oss-120b MXFP4
 #   PART=gmemcheck ~3 min: memcheck over tools/sanitize_kernels.py (its gluon prefill cases new)
 #   PART=bench     ~6 min: run-35's bench filter plus triton_bitplace_gluon's 8192-token rows, with
 #                  MOE_CONFORMANCE_GLUON_PREFILL=1 (the targets judge each case's best backend)
 export PYTHONUNBUFFERED=1
 mkdir -p $OUT/f
 PREFILL_CFG="--config block_m=64 --config block_n=128 --config num_stages=4 --config maxnreg=168 --config group_m=8 --config gluon_prefill=1 --config tile_major=1"
-for part in ${PART:-gprefill}; do
+for part in ${PART:-gbfb gtime}; do
 case $part in
-  gprefill)
+  gbfb)  # ~2.5 min
     for point in "gpt-oss-120b w_mxfp4" "gpt-oss-120b w_nvfp4_a_nvfp4" "kimi-k2 w_nvfp4"; do
       set -- $point
-      timeout 150 python3 tools/bit_for_bit.py --model $1 --scheme $2 --tokens 300 2048 --ref triton_bitplace \
+      timeout 120 python3 tools/bit_for_bit.py --model $1 --scheme $2 --tokens 300 2048 --ref triton_bitplace \
         --ref-config block_m=64 --ref-config num_stages=3 --backend triton_bitplace_gluon $PREFILL_CFG \
         > $OUT/f/bfb-$1-$2.log 2>&1
       echo "bit for bit $1 $2: rc=$?"; grep -E "bit for bit|Error|error" $OUT/f/bfb-$1-$2.log | head -4
-    done
+    done ;;
+  gtime)  # ~3 min
     for model in gpt-oss-120b kimi-k2; do
       schemes="--scheme w_mxfp4 --scheme w_nvfp4 --scheme w_nvfp4_a_nvfp4"
-      timeout 200 python3 tools/chain_timeline.py --model $model $schemes --tokens 8192 --backend \
+      timeout 150 python3 tools/chain_timeline.py --model $model $schemes --tokens 8192 --backend \
         triton_bitplace_gluon --replays 5 --sweep GLUON_PREFILL=0,1 > $OUT/f/prefill-$model.log 2>&1
       echo "timeline $model: rc=$?"
       grep -E "median replay" $OUT/f/prefill-$model.log | sed -E 's/ \{.*\}//' | cut -c1-160
-    done
+    done ;;
+  gcfg)  # ~2 min
     for cfg in "block_m=128 block_n=128 num_stages=3 maxnreg=168" "block_m=64 block_n=64 num_stages=3 maxnreg=128" \
                "block_m=64 block_n=128 num_stages=3 maxnreg=168" "block_m=64 block_n=128 num_stages=4 maxnreg=168 group_m=0"; do
       args=""; for kv in group_m=8 gluon_prefill=1 tile_major=1 block_k=128 num_warps=4 $cfg; do args="$args --config $kv"; done
