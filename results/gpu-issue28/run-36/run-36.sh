@@ -6,6 +6,7 @@
 #                  8 experts at each model's sizes; MXFP4, NVFP4 W4A4, NVFP4)
 #   PART=gtime     replay wall time at 8192 tokens (tools/chain_timeline.py --sweep GLUON_PREFILL=0,1: the present
 #                  prefill rows against it, one process, the full checkpoints), both models, three schemes
+#                  (MODELS="gpt-oss-120b": one model)
 #   PART=gcfg      four other tiles at gpt-oss-120b MXFP4
 #   PART=gmemcheck ~3 min: memcheck over tools/sanitize_kernels.py (its gluon prefill cases new)
 #   PART=bench     ~6 min: run-35's bench filter plus triton_bitplace_gluon's 8192-token rows, with
@@ -24,7 +25,7 @@ case $part in
       echo "bit for bit $1 $2: rc=$?"; grep -E "bit for bit|Error|error" $OUT/f/bfb-$1-$2.log | head -4
     done ;;
   gtime)  # ~3 min
-    for model in gpt-oss-120b kimi-k2; do
+    for model in ${MODELS:-gpt-oss-120b kimi-k2}; do
       schemes="--scheme w_mxfp4 --scheme w_nvfp4 --scheme w_nvfp4_a_nvfp4"
       timeout 150 python3 tools/chain_timeline.py --model $model $schemes --tokens 8192 --backend \
         triton_bitplace_gluon --replays 5 --sweep GLUON_PREFILL=0,1 > $OUT/f/prefill-$model.log 2>&1
