@@ -4,8 +4,8 @@
 #   PART=sweep  ~3 min: replay wall time of the decode chain (tools/chain_timeline.py --sweep, one process a point)
 #               over GEMM2's rows a program (GLUON_W2_BLOCK_N 128,64,128,64) and the launch's register cap
 #               (GLUON_MAXNREG 80,64,80,64: 3 or 4 programs a multiprocessor) with the tile-major copy, MXFP4
-#   PART=bench  ~9.5 min: every issue-28 target from one make bench run at this tree (run-32's filter); the
-#               environment's MOE_CONFORMANCE_GLUON_* settings pass through to it
+#   PART=bench  ~9.5 min: every issue-28 target from one make bench run at this tree (run-32's filter, or
+#               BENCH_FILTER's); the environment's MOE_CONFORMANCE_GLUON_* settings pass through to it
 #   PART=check  ~4 min: conformance and special values of triton_bitplace (and _gluon), memcheck over
 #               tools/sanitize_kernels.py (its tile-major cases new); PART=conformance or PART=memcheck runs one half
 export PYTHONUNBUFFERED=1
@@ -26,7 +26,7 @@ case $part in
     done ;;
   bench)
     env | grep MOE_CONFORMANCE_ || echo "no MOE_CONFORMANCE_ settings"
-    FILTER='(gpt-oss-120b or kimi-k2) and (T1/ or T8/ or T64/ or T8192/) and ((w_mxfp4/ or w_nvfp4/ or w_nvfp4_a_nvfp4/) and (triton_bitplace_gluon and not T8192/ or triton_bitplace and not triton_bitplace_gluon and T8192/) or bf16/ and (triton_emulation or torch_grouped_mm) or triton_kernels_ogs and not T8192/)'
+    FILTER=${BENCH_FILTER:-'(gpt-oss-120b or kimi-k2) and (T1/ or T8/ or T64/ or T8192/) and ((w_mxfp4/ or w_nvfp4/ or w_nvfp4_a_nvfp4/) and (triton_bitplace_gluon and not T8192/ or triton_bitplace and not triton_bitplace_gluon and T8192/) or bf16/ and (triton_emulation or torch_grouped_mm) or triton_kernels_ogs and not T8192/)'}
     t0=$(date +%s)
     timeout 585 make bench PY=python3 SETUP= BENCH_ARGS="--durations=12 -k \"$FILTER\"" > $OUT/f/bench.log 2>&1
     echo "bench: rc=$? $(( $(date +%s) - t0 )) s"; tail -1 $OUT/f/bench.log

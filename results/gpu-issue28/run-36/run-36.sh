@@ -44,14 +44,9 @@ case $part in
     timeout 240 compute-sanitizer --tool memcheck python3 tools/sanitize_kernels.py > $OUT/f/memcheck.log 2>&1
     echo "memcheck: rc=$? $(grep -E 'ERROR SUMMARY' $OUT/f/memcheck.log | tail -1)"
     grep -E "gluon prefill|tile-major" $OUT/f/memcheck.log | head -8 ;;
-  bench)
-    export MOE_CONFORMANCE_GLUON_PREFILL=1
-    FILTER='(gpt-oss-120b or kimi-k2) and (T1/ or T8/ or T64/ or T8192/) and ((w_mxfp4/ or w_nvfp4/ or w_nvfp4_a_nvfp4/) and (triton_bitplace_gluon or triton_bitplace and T8192/) or bf16/ and (triton_emulation or torch_grouped_mm) or triton_kernels_ogs and not T8192/)'
-    t0=$(date +%s)
-    timeout 560 make bench PY=python3 SETUP= BENCH_ARGS="--durations=12 -k \"$FILTER\"" > $OUT/f/bench.log 2>&1
-    echo "bench: rc=$? $(( $(date +%s) - t0 )) s"; tail -1 $OUT/f/bench.log
-    cp bench/table.md bench/results.json bench/targets.md $OUT/f/ 2>/dev/null
-    grep -E "^\| " bench/targets.md | cut -c1-150 ;;
+  bench)  # run-35's bench part (its files in its own tar) with the prefill row on and its rows in the filter
+    MOE_CONFORMANCE_GLUON_PREFILL=1 BENCH_FILTER='(gpt-oss-120b or kimi-k2) and (T1/ or T8/ or T64/ or T8192/) and ((w_mxfp4/ or w_nvfp4/ or w_nvfp4_a_nvfp4/) and (triton_bitplace_gluon or triton_bitplace and T8192/) or bf16/ and (triton_emulation or torch_grouped_mm) or triton_kernels_ogs and not T8192/)' \
+      PART=bench bash results/gpu-issue28/run-35/run-35.sh ;;
 esac
 done
 (cd $OUT && tar czf run-36-${PART// /-}.tgz f && rm -rf f)
