@@ -972,6 +972,32 @@ def test_the_gluon_decode_rows_follow_the_one_wave_rule(monkeypatch):
     assert one_wave_block_n(7, 100 * 64, 132, lambda _: 1) is None  # 700 64-row programs: beyond one wave
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the prefill rows are the GPU's tile table: a GPU only (the "
+                    "interpreter keeps its own small tiles)")
+@pytest.mark.parametrize("kernel,gluon_prefill", [("triton_bitplace", False), ("triton_bitplace_gluon", False),
+                                                        ("triton_bitplace_gluon", True)])
+@pytest.mark.parametrize("scheme,act", [("w_mxfp4", "SWIGLUOAI"), ("w_nvfp4", "SILU"), ("w_nvfp4_a_nvfp4", "SWIGLUOAI")])
+def test_the_prefill_rows_pass_conformance_past_the_fused_routing(kernel, gluon_prefill, scheme, act,
+                                                                   monkeypatch):
+    """The tile table's prefill rows (more than FUSED_ALIGN_MAX_PAIRS pairs: align_layouts' routing, 64- and 128-row
+    blocks, tail blocks; with gluon_prefill the Gluon kernel's prefill blocks) against the reference, judged by the
+    conformance bound: no shape class reaches this many pairs (the largest has 514), so without this case the
+    prefill kernels are checked on the GPU only by tools/bit_for_bit.py runs."""
+    from harness.backends import backend_structure, load_backend, triton_bitplace
+    from harness.backends.triton_emulation import FUSED_ALIGN_MAX_PAIRS
+    from harness.core.conformance import Shape, backend_shape, compare_backend, reference_run
+
+    monkeypatch.setattr(triton_bitplace, "GLUON_PREFILL", gluon_prefill)
+    backend = load_backend(kernel)
+    shape = backend_shape(backend, Shape(num_experts=8, hidden_size=256, intermediate_size=320, tokens=600, top_k=2))
+    assert shape.tokens * shape.top_k > FUSED_ALIGN_MAX_PAIRS
+    ckpt, inputs, out, trace = reference_run(scheme, act, "e4m3fn", shape, 3, backend_structure(backend))
+    result = compare_backend(backend, ckpt, inputs, out, trace, f"prefill/{scheme}/{kernel}")
+    assert result.ok, result.message()
+    if gluon_prefill:  # the Gluon kernel computed both GEMMs
+        assert backend.last_launch["w13"][1].get("gluon_prefill") == 1, backend.last_launch
+
+
 def test_the_gluon_prefill_blocks_take_the_whole_k_and_the_epilogue_in_one_launch(monkeypatch):
     """triton_bitplace_gluon's prefill row (the tiles' gluon_prefill; MOE_CONFORMANCE_GLUON_PREFILL=1 makes it the
     table's): blocks of 32-128 pairs go to bitplace_partials_kernel unsplit, with a 4-warp producer, the consumers'

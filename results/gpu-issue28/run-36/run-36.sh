@@ -4,6 +4,8 @@
 #   triton_bitplace_gluon's prefill blocks (gluon_prefill, MOE_CONFORMANCE_GLUON_PREFILL=1):
 #   PART=gbfb      bit for bit against triton_bitplace's moe_gemm_kernel at 64-pair blocks (300 and 2048 tokens,
 #                  8 experts at each model's sizes; MXFP4, NVFP4 W4A4, NVFP4)
+#   PART=gconf     suites/test_fp4_bits.py's prefill rows against the reference at 1200 pairs (moe_gemm_kernel's
+#                  rows and the Gluon row; MXFP4, NVFP4, NVFP4 W4A4)
 #   PART=gtime     replay wall time at 8192 tokens (tools/chain_timeline.py --sweep GLUON_PREFILL=0,1: the present
 #                  prefill rows against it, one process, the full checkpoints), both models, three schemes
 #                  (MODELS="gpt-oss-120b": one model)
@@ -24,6 +26,11 @@ case $part in
         > $OUT/f/bfb-$1-$2.log 2>&1
       echo "bit for bit $1 $2: rc=$?"; grep -E "bit for bit|Error|error" $OUT/f/bfb-$1-$2.log | head -4
     done ;;
+  gconf)  # ~2 min: the prefill rows against the reference past the fused routing's pair count (1200 pairs)
+    timeout 240 python3 -m pytest -p no:cacheprovider -q suites/test_fp4_bits.py -k past_the_fused \
+      > $OUT/f/prefill-conformance.log 2>&1
+    echo "prefill conformance: rc=$? $(tail -1 $OUT/f/prefill-conformance.log)"
+    grep -E "^(FAILED|ERROR)" $OUT/f/prefill-conformance.log | head -5 ;;
   gtime)  # ~3 min
     for model in ${MODELS:-gpt-oss-120b kimi-k2}; do
       schemes="--scheme w_mxfp4 --scheme w_nvfp4 --scheme w_nvfp4_a_nvfp4"
