@@ -9,7 +9,7 @@
 #   PART=gtime     replay wall time at 8192 tokens (tools/chain_timeline.py --sweep GLUON_PREFILL=0,1: the present
 #                  prefill rows against it, one process, the full checkpoints), both models, three schemes
 #                  (MODELS="gpt-oss-120b": one model)
-#   PART=gcfg      four other tiles at gpt-oss-120b MXFP4
+#   PART=gcfg      four other tiles at gpt-oss-120b MXFP4 (the 128-pair one NVFP4 W4A4 too)
 #   PART=gmemcheck ~3 min: memcheck over tools/sanitize_kernels.py (its gluon prefill cases new)
 #   PART=bench     ~6 min: run-35's bench filter plus triton_bitplace_gluon's 8192-token rows, with
 #                  MOE_CONFORMANCE_GLUON_PREFILL=1 (the targets judge each case's best backend)
@@ -43,9 +43,12 @@ case $part in
     for cfg in "block_m=128 block_n=128 num_stages=3 maxnreg=168" "block_m=64 block_n=64 num_stages=3 maxnreg=128" \
                "block_m=64 block_n=128 num_stages=3 maxnreg=168" "block_m=64 block_n=128 num_stages=4 maxnreg=168 group_m=0"; do
       args=""; for kv in group_m=8 gluon_prefill=1 tile_major=1 block_k=128 num_warps=4 $cfg; do args="$args --config $kv"; done
-      timeout 100 python3 tools/chain_timeline.py --model gpt-oss-120b --scheme w_mxfp4 --tokens 8192 --backend \
+      schemes="--scheme w_mxfp4"
+      [[ $cfg == block_m=128* ]] && schemes="$schemes --scheme w_nvfp4_a_nvfp4"  # (NVFP4's decode: issue / MMA 0.80 at 64)
+      timeout 150 python3 tools/chain_timeline.py --model gpt-oss-120b $schemes --tokens 8192 --backend \
         triton_bitplace_gluon --replays 5 $args > "$OUT/f/cfg-${cfg// /_}.log" 2>&1
-      echo "$cfg: rc=$? $(grep -o 'median replay [0-9.]* us wall' "$OUT/f/cfg-${cfg// /_}.log")"
+      echo "$cfg: rc=$? $(grep -o 'w_[a-z0-9_]* T=8192.*median replay [0-9.]* us wall' "$OUT/f/cfg-${cfg// /_}.log" \
+        | sed -E 's/ triton_bitplace_gluon \{.*\}//' | tr '\n' ' ')"
     done ;;
   gmemcheck)
     timeout 240 compute-sanitizer --tool memcheck python3 tools/sanitize_kernels.py > $OUT/f/memcheck.log 2>&1
