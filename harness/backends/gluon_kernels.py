@@ -739,8 +739,8 @@ def launch_bitplace_partials(launcher, codes, scales_t, a, partials, sorted_rows
     in this launch, no epilogue kernel after it; prefetch: None, or (the call's expert ids, flat; K chunks) for GEMM1's
     PDL 3: each program's first that many chunks of weights into L2 before its wait (at most 16 tokens, pdl 1);
     tile_major: None, or (tile_major_codes, tile_major_scales) of the same weights, read instead (TILE_MAJOR: n_rows
-    and, gated, n_out multiples of 64; not persistent); bm: pairs an expert block (the wgmma's N: 16 at decode, up to
-    256 at prefill, plain grid, no PDL); direct: None, or the epilogue's operands (serial's without count_ptr): the
+    and, gated, n_out multiples of 64; not persistent); bm: pairs an expert block (the wgmma's N: 16 at decode, 32-128
+    at prefill, plain grid, no PDL); direct: None, or the epilogue's operands (serial's without count_ptr): the
     outputs written from the accumulators (split_k 1; partials unused); producer: None (one warp, 40 registers, a
     second consumer at SECOND_CONSUMER_REGS) or (warps, registers, second consumer's registers): at bm 64 one warp
     holding every row's address spills, four do not; group_m: the grid's programs in groups of that many expert
@@ -757,9 +757,10 @@ def launch_bitplace_partials(launcher, codes, scales_t, a, partials, sorted_rows
             raise ValueError(f"prefetch finds a block's expert by ranking the expert ids, which holds where no expert "
                              f"has more than 16 pairs: at most 16 tokens and the call's {n_pairs} ids; got "
                              f"{a.shape[0]} tokens and {ids.numel()} ids")
-    if bm not in (16, 32, 64, 128, 256) or bm != 16 and (persistent or prefetch is not None or pdl):
-        raise ValueError(f"bm (pairs an expert block) is 16, or 32 to 256 on the plain grid without PDL, got bm {bm}, "
-                         f"persistent {persistent}, pdl {pdl}")
+    if bm not in (16, 32, 64, 128) or bm != 16 and (persistent or prefetch is not None or pdl):
+        # (256 pairs: a gated tile's two accumulators alone would take 256 registers a thread)
+        raise ValueError(f"bm (pairs an expert block) is 16, or 32, 64 or 128 on the plain grid without PDL, got bm "
+                         f"{bm}, persistent {persistent}, pdl {pdl}")
     if direct and (split_k != 1 or serial or persistent):
         raise ValueError(f"direct (the epilogue from the accumulators) takes the whole K in one program: split_k 1, "
                          f"neither serial nor persistent; got split_k {split_k}, serial {bool(serial)}, "
