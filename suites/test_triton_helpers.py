@@ -677,6 +677,79 @@ def test_the_warp_specialized_bf16_loop_gives_the_same_bits():
             (hidden, tiles)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                    reason="the Gluon bf16 kernel issues Hopper's wgmma and TMA: an sm90 GPU only")
+@pytest.mark.parametrize("block_m", [64, 128])
+@pytest.mark.parametrize("act", ["SWIGLUOAI", "SILU"])
+def test_the_gluon_bf16_prefill_kernel_gives_the_bits_of_the_bf16_row(act, block_m):
+    """gluon_bf16 (gluon_kernels.bf16_prefill_kernel) against the reference by the conformance bound, and bit for bit
+    against the tile table's bf16 prefill row (moe_gemm_kernel: the same operands, K order and epilogue), past the
+    fused routing (1200 pairs), with biases, gate and up rows interleaved (row pairs) and in halves, GEMM2's K not a
+    multiple of the step (328: TMA's zeros past K), and GEMM1's last program past N_OUT."""
+    from harness.backends import backend_structure, load_backend
+    from harness.backends.triton_emulation import GLUON_BF16_TILES
+    from harness.core.conformance import Shape, backend_shape, compare_backend, reference_run
+
+    gluon = load_backend("triton_emulation").configure(**dict(GLUON_BF16_TILES, block_m=block_m))
+    row = load_backend("triton_emulation")
+    shape = backend_shape(gluon, Shape(num_experts=8, hidden_size=256, intermediate_size=328, tokens=600, top_k=2))
+    ckpt, inputs, out, trace = reference_run("bf16", act, "e4m3fn", shape, 3, backend_structure(gluon))
+    result = compare_backend(gluon, ckpt, inputs, out, trace, f"prefill/bf16/gluon_bf16 {block_m}")
+    assert result.ok, result.message()
+    assert all(gluon.last_compiled[which].name == "bf16_prefill_kernel" for which in ("w13", "w2")), gluon.last_compiled
+    x, w, ids = (t.cuda() for t in inputs)
+    got = gluon.forward(gluon.prepare(ckpt), x, w, ids)
+    want = row.forward(row.prepare(ckpt), x, w, ids)
+    assert row.last_compiled["w13"].name == "moe_gemm_kernel"
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16)), (got.float() - want.float()).abs().max()
+
+
+def test_the_gluon_bf16_row_takes_bf16_prefill_blocks_and_refuses_what_it_cannot_do(monkeypatch):
+    """gluon_bf16's dispatch (triton_emulation._partials_kernel): bf16 weights and activations go to
+    launch_bf16_prefill with the GEMM's weights, the tiles' block_m, stages, register cap and group order and the
+    epilogue's operands (direct: no partial sums); what the kernel cannot do is refused by name: quantized weights, a
+    program's outputs other than 128 gated / 256 ungated, split-K, tails, 32-pair blocks, the interpreter; and the
+    launch's own refusals (a 32-pair block, interleaved rows with K not whole 64-value steps). The kernel runs on
+    sm90 only (test_the_gluon_bf16_prefill_kernel_gives_the_bits_of_the_bf16_row; results/gpu-issue28/run-36)."""
+    from harness.backends import gluon_kernels, triton_emulation
+    from harness.backends import triton_kernels as K
+    from harness.backends.triton_emulation import GLUON_BF16_TILES, TritonEmulationBackend
+    from reference.checkpoints import make_checkpoint
+
+    backend = TritonEmulationBackend()
+    prep = backend.prepare(make_checkpoint("bf16", "SWIGLUOAI", 2, 256, 128, seed=0, with_bias=True))
+    tiles = dict(GLUON_BF16_TILES)
+    with pytest.raises(ValueError, match="a compiled kernel"):  # the interpreter (this test's default)
+        backend._partials_kernel(prep, "w13", 0, tiles, None, 128, 256, 256)
+    monkeypatch.setattr(K, "INTERPRET", False)
+    seen, launch = [], gluon_kernels.launch_bf16_prefill
+    monkeypatch.setattr(gluon_kernels, "launch_bf16_prefill", lambda *args: seen.append(args))
+    run = backend._partials_kernel(prep, "w13", 0, tiles, None, 128, 256, 256)
+    assert run.direct
+    a = torch.zeros(2, 256, dtype=torch.bfloat16)
+    run(a, None, "rows", "experts", 4, 2, 128, 256, 256, True, 1, direct=dict(final_ptr="the output"))
+    launcher, w, a_arg, rows, experts, n_pairs, a_row_div, n_out, n_rows, k_dim, gated, interleaved, direct, \
+        stages, bm, maxnreg, group_m = seen[-1]
+    assert launcher is K.bf16_prefill_kernel and w is prep.w13 and a_arg is a and (rows, experts) == ("rows", "experts")
+    assert (n_pairs, a_row_div, n_out, n_rows, k_dim, gated, interleaved) == (4, 2, 128, 256, 256, True, True)
+    assert direct == dict(final_ptr="the output") and (stages, bm, maxnreg, group_m) == (4, 128, 168, 8)
+    assert backend._partials_kernel(prep, "w2", 0, tiles, None, 256, 256, 128).direct  # GEMM2: 256 outputs
+    mx = backend.prepare(make_checkpoint("w_mxfp4", "SWIGLUOAI", 2, 256, 128, seed=0, with_bias=True))
+    for which, other, ckpt_prep, match in (
+            ("w13", tiles, mx, "bf16 weights"), ("w13", dict(tiles, block_n=64), prep, "128 outputs"),
+            ("w2", dict(tiles, w2_block_n=128), prep, "256 outputs"), ("w13", dict(tiles, split_k=2), prep, "split_k"),
+            ("w13", dict(tiles, tail_m=64), prep, "tail_m"), ("w13", dict(tiles, block_m=32), prep, "block_m 64")):
+        with pytest.raises(ValueError, match=match):
+            backend._partials_kernel(ckpt_prep, which, 0, other, None, 128, 256, 256)
+    w = torch.zeros(2, 256, 96, dtype=torch.bfloat16)
+    for bm, k_dim, match in ((32, 64, "bm"), (64, 96, "multiple of 8")):
+        with pytest.raises(ValueError, match=match):
+            launch(None, w[..., :k_dim].contiguous(), None, None, None, 4, 2, 128, 256, k_dim, True, True, {}, 4, bm,
+                   168)
+    # the table's bf16 prefill row only with the switch (MOE_CONFORMANCE_GLUON_BF16=1)
+    assert (backend.tile_config(8192, None) == GLUON_BF16_TILES) == triton_emulation.GLUON_BF16_PREFILL
+
+
 def test_a_persistent_grid_gives_the_same_bits(monkeypatch):
     """persistent (moe_gemm_kernel's PERSISTENT): a few programs each computing the used blocks' tiles in turn (their
     count read on the device) give bit for bit the plain grid's outputs, on the dequantizing loop (bf16, MXFP4

@@ -37,7 +37,8 @@ SM90 = ("cuda", 90, 32)
 # the kernels the backends launch (suites/test_triton_helpers.py checks every `K.<name>[grid]` site is here)
 LAUNCHED_KERNELS = ("moe_gemm_kernel", "moe_align_kernel", "mx_quantize_kernel", "nvfp4_quantize_kernel",
                     "fp8_quantize_kernel", "splitk_epilogue_kernel", "splitk_topk_reduce_kernel", "topk_reduce_kernel",
-                    "bitplace_partials_kernel", "align_count_kernel", "align_layout_kernel", "align_scatter_kernel")
+                    "bitplace_partials_kernel", "align_count_kernel", "align_layout_kernel", "align_scatter_kernel",
+                    "bf16_prefill_kernel")
 _DTYPES = {torch.bfloat16: "bf16", torch.float32: "fp32", torch.uint8: "u8", torch.int32: "i32", torch.int64: "i64",
            torch.float16: "fp16", torch.int8: "i8", torch.int16: "i16"}
 _OPTIONS = ("num_warps", "num_stages", "maxnreg", "launch_pdl", "enable_fp_fusion")

@@ -815,3 +815,164 @@ def launch_bitplace_partials(launcher, codes, scales_t, a, partials, sorted_rows
                           n_rows, k_dim, chunks, GATED=gated, W_NV=nvfp4, STAGES=stages, SPLIT_K=split_k, OVERLAP=overlap,
                           TILES=tiles, ACC_L=acc_layout, DOT=dot_layout, PAIRS=CODE_PAIRS, ROWS3=CODE_ROWS,
                           SVIEW=SCALE_ROWS, XS=X_SMEM, XL=x_load, num_warps=4, maxnreg=maxnreg, BM=bm, **extra)
+
+
+# ---- bf16 prefill: the same warp specialisation with bf16 weights, both operands of the wgmma from shared memory ----
+W_BF16_SMEM = X_SMEM  # a [64 rows, 64] bf16 weight box: 128-byte rows, 128-byte swizzle, as the activation rows'
+BF16_BLOCK_K = 64  # K a step: a box row of 128 bytes (the swizzle's width)
+
+
+@gluon.jit
+def _bf16_box(w_row, g_col0, k, K, N_OUT, t: gl.constexpr, j: gl.constexpr, GATED: gl.constexpr,
+              PAIRS: gl.constexpr):
+    """[row, column] of weight box j of consumer warpgroup t at K offset k. Gated: j 0 the gate rows, 1 the up rows
+    of the warpgroup's 64 outputs g_col0 + 64 t ..: up N_OUT rows on (halves), or, PAIRS (interleaved rows viewed
+    as [E x N_OUT, 2 K]: gate row n's K values, then up row n's), the same row, K columns on. Ungated: the
+    warpgroup's two 64-row tiles g_col0 + 128 t + 64 j."""
+    if GATED:
+        if PAIRS:
+            return w_row + g_col0 + 64 * t, k + j * K
+        return w_row + g_col0 + 64 * t + j * N_OUT, k
+    return w_row + g_col0 + 128 * t + 64 * j, k
+
+
+@gluon.jit
+def _bf16_producer(w_desc, a_ptr, sorted_rows_ptr, n_pairs, a_row_div, K, N_OUT, w_s, x_s, ready, empty, pid_m,
+                   w_row, g_col0, n_steps, GATED: gl.constexpr, PAIRS: gl.constexpr, STAGES: gl.constexpr,
+                   BM: gl.constexpr, BK: gl.constexpr, XL: gl.constexpr):
+    """Each K step's four weight boxes (TMA) and the block's BM activation rows (cp.async, zeros past K and for
+    the padding rows) into ring slot step % STAGES, once both consumer warpgroups have released it."""
+    pair = gl.load(sorted_rows_ptr + pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, XL)))
+    cols = gl.arange(0, BK, layout=gl.SliceLayout(0, XL))
+    x_ptrs = a_ptr + (pair // a_row_div).to(gl.int64)[:, None] * K + cols[None, :]
+    row_ok = (pair < n_pairs)[:, None]
+    for i in range(n_steps):
+        s = i % STAGES
+        mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)  # the first pass finds every slot free
+        k = i * BK
+        _cp_async(x_s.index(s), x_ptrs + k, mask=row_ok & (k + cols < K)[None, :])
+        async_copy.mbarrier_arrive(ready.index(s), increment_count=False)  # (see _producer)
+        mbarrier.expect(ready.index(s), 4 * w_desc.block_type.nbytes)
+        for t in gl.static_range(2):
+            for j in gl.static_range(2):
+                row, col = _bf16_box(w_row, g_col0, k, K, N_OUT, t, j, GATED, PAIRS)
+                _tma_load(w_desc, [row, col], ready.index(s), w_s.index(s * 4 + 2 * t + j))
+
+
+@gluon.jit
+def _bf16_consumer(w_s, x_s, ready, empty, n_steps, sorted_rows_ptr, n_pairs, N_OUT, N_ROWS, pid_m, g_col0,
+                   block_expert_ptr, final_ptr, a_scale_ptr, expert_scale_ptr, bias_ptr, q_scale_ptr, alpha, beta,
+                   beta_lin, limit, T: gl.constexpr, GATED: gl.constexpr, STAGES: gl.constexpr, BM: gl.constexpr,
+                   ACC_L: gl.constexpr, A_SCALE: gl.constexpr, HAS_EXPERT_SCALE: gl.constexpr,
+                   HAS_BIAS: gl.constexpr, INTERLEAVED: gl.constexpr, ACT: gl.constexpr, APPLY_ACT: gl.constexpr,
+                   HAS_LIMIT: gl.constexpr, QUANT_NVFP4: gl.constexpr):
+    """Consumer warpgroup T: two [64 rows, BM pairs] accumulators (gated: its 64 outputs' gate and up rows;
+    ungated: two 64-row tiles) from wgmma with both operands in shared memory; a step's two MMA groups stay in
+    flight while the next step's are issued (the slot before is released once they complete); then
+    moe_gemm_kernel's epilogue from the accumulators (_direct_epilogue)."""
+    acc_a = gl.zeros([64, BM], gl.float32, ACC_L)
+    acc_b = gl.zeros([64, BM], gl.float32, ACC_L)
+    for i in range(n_steps):
+        s = i % STAGES
+        mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+        fence_async_shared()  # the activation rows came by cp.async (generic proxy); wgmma reads them (async)
+        xt = x_s.index(s).permute((1, 0))
+        acc_a = warpgroup_mma(w_s.index(s * 4 + 2 * T), xt, acc_a, is_async=True)
+        acc_b = warpgroup_mma(w_s.index(s * 4 + 2 * T + 1), xt, acc_b, is_async=True)
+        acc_a, acc_b = warpgroup_mma_wait(2, deps=[acc_a, acc_b])  # the step before is complete
+        mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), pred=i > 0)
+    acc_a, acc_b = warpgroup_mma_wait(0, deps=[acc_a, acc_b])
+    if GATED:
+        _direct_epilogue(acc_a, acc_b, sorted_rows_ptr, n_pairs, N_OUT, pid_m, g_col0 + 64 * T, GATED, BM,
+                         block_expert_ptr, final_ptr, a_scale_ptr, expert_scale_ptr, bias_ptr, q_scale_ptr, N_ROWS,
+                         alpha, beta, beta_lin, limit, A_SCALE, HAS_EXPERT_SCALE, HAS_BIAS, INTERLEAVED, ACT,
+                         APPLY_ACT, HAS_LIMIT, QUANT_NVFP4)
+    else:
+        _direct_epilogue(acc_a, acc_a, sorted_rows_ptr, n_pairs, N_OUT, pid_m, g_col0 + 128 * T, GATED, BM,
+                         block_expert_ptr, final_ptr, a_scale_ptr, expert_scale_ptr, bias_ptr, q_scale_ptr, N_ROWS,
+                         alpha, beta, beta_lin, limit, A_SCALE, HAS_EXPERT_SCALE, HAS_BIAS, INTERLEAVED, ACT,
+                         APPLY_ACT, HAS_LIMIT, QUANT_NVFP4)
+        _direct_epilogue(acc_b, acc_b, sorted_rows_ptr, n_pairs, N_OUT, pid_m, g_col0 + 128 * T + 64, GATED, BM,
+                         block_expert_ptr, final_ptr, a_scale_ptr, expert_scale_ptr, bias_ptr, q_scale_ptr, N_ROWS,
+                         alpha, beta, beta_lin, limit, A_SCALE, HAS_EXPERT_SCALE, HAS_BIAS, INTERLEAVED, ACT,
+                         APPLY_ACT, HAS_LIMIT, QUANT_NVFP4)
+
+
+@gluon.jit
+def bf16_prefill_kernel(w_desc, a_ptr, sorted_rows_ptr, block_expert_ptr, n_pairs, a_row_div, N_OUT, N_ROWS, K,
+                        final_ptr, a_scale_ptr, expert_scale_ptr, bias_ptr, q_scale_ptr, alpha, beta, beta_lin,
+                        limit, GATED: gl.constexpr, PAIRS: gl.constexpr, STAGES: gl.constexpr, BM: gl.constexpr,
+                        BK: gl.constexpr, ACC_L: gl.constexpr, XS: gl.constexpr, XL: gl.constexpr,
+                        PW: gl.constexpr, PREGS: gl.constexpr, SREGS: gl.constexpr, GROUP_M: gl.constexpr,
+                        A_SCALE: gl.constexpr, HAS_EXPERT_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr,
+                        INTERLEAVED: gl.constexpr, ACT: gl.constexpr, APPLY_ACT: gl.constexpr,
+                        HAS_LIMIT: gl.constexpr, QUANT_NVFP4: gl.constexpr):
+    """moe_gemm_kernel's bf16 GEMM of expert block program_id(0) (BM pairs) and 128 outputs (gated: gate and up rows
+    of each) or 256 (ungated) program_id(1), the whole K, written through its epilogue: a PW-warp producer
+    partition streams each K step's weights (four [64, BK] TMA boxes) and activation rows (cp.async) into a
+    STAGES-deep ring, two consumer warpgroups issue the wgmma from there (_bf16_consumer). The operands and the
+    epilogue are moe_gemm_kernel's (block_expert -1: a padding block, nothing to do); GROUP_M orders the programs
+    in groups of expert blocks (grouped_tile_order)."""
+    pid_m = gl.program_id(0)
+    pid_n = gl.program_id(1)
+    if GROUP_M:
+        pid_m, pid_n = _grouped_tile_order(pid_m, pid_n, gl.num_programs(0), gl.num_programs(1), GROUP_M)
+    expert = gl.load(block_expert_ptr + pid_m)
+    if expert >= 0:
+        g_col0 = pid_n * (128 if GATED else 256)
+        w_row = expert * (N_OUT if PAIRS else N_ROWS)
+        n_steps = gl.cdiv(K, BK)
+        w_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES * 4, 64, BK], w_desc.layout)
+        x_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BK], XS)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for s in gl.static_range(STAGES):
+            mbarrier.init(ready.index(s), count=32 * PW + 1)  # a cp.async arrive a producer thread, expect's
+            mbarrier.init(empty.index(s), count=2)  # both consumer warpgroups release the slot
+        gl.warp_specialize(
+            [(_bf16_consumer, (w_s, x_s, ready, empty, n_steps, sorted_rows_ptr, n_pairs, N_OUT, N_ROWS, pid_m, g_col0,
+                               block_expert_ptr, final_ptr, a_scale_ptr, expert_scale_ptr, bias_ptr, q_scale_ptr,
+                               alpha, beta, beta_lin, limit, 0, GATED, STAGES, BM, ACC_L, A_SCALE, HAS_EXPERT_SCALE,
+                               HAS_BIAS, INTERLEAVED, ACT, APPLY_ACT, HAS_LIMIT, QUANT_NVFP4)),
+             (_bf16_consumer, (w_s, x_s, ready, empty, n_steps, sorted_rows_ptr, n_pairs, N_OUT, N_ROWS, pid_m, g_col0,
+                               block_expert_ptr, final_ptr, a_scale_ptr, expert_scale_ptr, bias_ptr, q_scale_ptr,
+                               alpha, beta, beta_lin, limit, 1, GATED, STAGES, BM, ACC_L, A_SCALE, HAS_EXPERT_SCALE,
+                               HAS_BIAS, INTERLEAVED, ACT, APPLY_ACT, HAS_LIMIT, QUANT_NVFP4)),
+             (_bf16_producer, (w_desc, a_ptr, sorted_rows_ptr, n_pairs, a_row_div, K, N_OUT, w_s, x_s, ready, empty,
+                               pid_m, w_row, g_col0, n_steps, GATED, PAIRS, STAGES, BM, BK, XL))],
+            [4, PW], [SREGS, PREGS])
+
+
+def launch_bf16_prefill(launcher, w, a, sorted_rows, block_expert, n_pairs: int, a_row_div: int, n_out: int,
+                        n_rows: int, k_dim: int, gated: bool, interleaved: bool, direct: dict, stages: int, bm: int,
+                        maxnreg: int, group_m: int = 0, producer: tuple = (4, 56)):
+    """One launch of bf16_prefill_kernel through `launcher` (triton_kernels' attribute, for compile_check): w the
+    GEMM's bf16 weights [E, n_rows, k_dim] (gated: gate and up halves, or interleaved rows), a its activation rows
+    (pair // a_row_div), direct the epilogue's operands and flags (as launch_bitplace_partials' direct); bm pairs an
+    expert block (64 or 128: the wgmma's N), stages the ring's depth, maxnreg the first consumer's registers (the
+    second gets (3 maxnreg - producer registers) / 2, rounded down to 8), producer (warps, registers)."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    e = w.shape[0]
+    pairs = gated and interleaved
+    if bm not in (64, 128) or stages < 2:
+        raise ValueError(f"bm (pairs an expert block, the wgmma's N) 64 or 128 and stages >= 2; got bm {bm}, "
+                         f"stages {stages}")
+    if w.dtype != torch.bfloat16 or not w.is_contiguous() or w.shape[1:] != (n_rows, k_dim):
+        raise ValueError(f"w: contiguous bf16 [E, {n_rows}, {k_dim}], got {w.dtype} {tuple(w.shape)}")
+    # TMA: 16-byte row strides (K % 8); interleaved rows as [E x N_OUT, 2 K] row pairs need whole K steps, or a gate
+    # box's last step would read the up row's first values (multiplied by zeros, but never read as weights)
+    if k_dim % 8 or pairs and k_dim % BF16_BLOCK_K or n_rows < 64 or k_dim < BF16_BLOCK_K:
+        raise ValueError(f"bf16_prefill_kernel takes K a multiple of 8 (of {BF16_BLOCK_K} with interleaved gate and "
+                         f"up rows) and at least {BF16_BLOCK_K}, and at least 64 weight rows; got K {k_dim}, "
+                         f"{n_rows} rows, interleaved {pairs}")
+    view = w.view(e * n_out, 2 * k_dim) if pairs else w.view(e * n_rows, k_dim)
+    w_desc = TensorDescriptor.from_tensor(view, [64, BF16_BLOCK_K], W_BF16_SMEM)
+    warps, regs = producer
+    x_load = gl.BlockedLayout([1, 8], [32 * 8 // BF16_BLOCK_K, BF16_BLOCK_K // 8], [warps, 1], [1, 0])
+    acc_layout, _ = accumulator_layouts(bm)
+    grid = (block_expert.numel(), -(-n_out // (128 if gated else 256)))
+    return launcher[grid](w_desc, a, sorted_rows, block_expert, n_pairs, a_row_div, n_out, n_rows, k_dim,
+                          GATED=gated, PAIRS=pairs, STAGES=stages, BM=bm, BK=BF16_BLOCK_K, ACC_L=acc_layout,
+                          XS=X_SMEM, XL=x_load, PW=warps, PREGS=regs, SREGS=(3 * maxnreg - regs) // 2 // 8 * 8,
+                          GROUP_M=group_m, num_warps=4, maxnreg=maxnreg, enable_fp_fusion=False, **direct)

@@ -187,6 +187,8 @@ class TritonBitplaceBackend(TritonEmulationBackend):
         return dataclasses.replace(prep, constexprs=constexprs, extras=extras, **laid)
 
     def _partials_kernel(self, prep, which, a_mode, tiles, quantize_nvfp4, n_out, n_rows, k_dim):
+        if prep.ckpt.scheme.weight is None:  # bf16 weights: triton_emulation's (the tiles' gluon_bf16)
+            return super()._partials_kernel(prep, which, a_mode, tiles, quantize_nvfp4, n_out, n_rows, k_dim)
         scales = prep.extras.get(f"{which}_scale_by_chunk")
         # the Gluon kernel's contract: activations exactly bf16 (a_mode 0, or 1 with GLUON_QUANTIZED_ACT: one fp32
         # scale that the epilogue kernel applies to the sums, as it does after moe_gemm_kernel's split-K partials; so

@@ -19,7 +19,7 @@ from reference.formats import FloatFormat
 from reference.fp8 import Granularity
 from reference.moe import check_moe_inputs, static_activation_scales
 from reference.mx import ScaleMode
-from harness.platforms import default_device, matrix_unit_truncation
+from harness.platforms import default_device, detect_platform, matrix_unit_truncation
 from reference.quantizers import FP8, MX, NVFP4
 from reference.structure import STRUCTURES
 
@@ -89,7 +89,7 @@ FUSED_ALIGN_STEPS = dict(FILL=1024, OWNER_BY_EXPERT=True, RANK_SORT=True)
 TILE_KEYS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "w2_block_n", "maxnreg", "mma_steps",
              "split_k", "mma_overlap", "w2_mma_overlap", "pdl", "persistent", "group_m", "tma", "tail_m",
              "serial_k", "warp_spec", "inline_tails", "quant_launch", "scale_regs", "w13_prefetch", "tile_major",
-             "gluon_prefill")
+             "gluon_prefill", "gluon_bf16")
 # optional keys: w2_block_n (GEMM2's N tile where it differs from GEMM1's), maxnreg (a register cap per thread, so
 # that more programs fit on a multiprocessor; 0 = the compiler's choice), mma_steps (triton_bitplace: MMA steps per
 # 128-value chunk, 1 or 2; 2 holds half the decoded tile in registers), split_k (triton_bitplace: the K chunks
@@ -129,7 +129,11 @@ TILE_KEYS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "w2_blo
 # contiguous run, where the rows are whole 64-row tiles; prepared when configured before prepare() or by
 # MOE_CONFORMANCE_GLUON_TILE_MAJOR=1), gluon_prefill (triton_bitplace_gluon: 1 runs blocks of block_m 32, 64 or 128
 # pairs through the Gluon kernel too, the whole K a program and the epilogue from its accumulators; block_n 64 or 128
-# its consumer warpgroups' rows, maxnreg their register cap, group_m the programs' order), and
+# its consumer warpgroups' rows, maxnreg their register cap, group_m the programs' order), gluon_bf16 (bf16 weights
+# and activations: 1 runs each GEMM through gluon_kernels.bf16_prefill_kernel, a producer warpgroup streaming the
+# weights by TMA and the rows by cp.async, two consumer warpgroups issuing wgmma from shared memory, the epilogue
+# from the accumulators; block_m 64 or 128 its expert blocks, 128 outputs a program gated and 256 ungated (block_n /
+# w2_block_n must say so), num_stages the ring's depth, maxnreg the consumers' register cap), and
 # split_k_programs instead: split_k then is the fewest splits that give GEMM1 that many programs (split_k_to_fill),
 # and pdl_bytes: pdl 1 where GEMM2's weights of the call (one expert a pair at most) are at most that many bytes,
 # else 2
@@ -150,8 +154,17 @@ TILE_KEYS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "w2_blo
 # (warp_spec_if_fits, resolve_tiles); compiled for sm90 by Triton 3.6 and 3.9, not yet timed
 # (results/gpu-issue28/run-23). MOE_CONFORMANCE_BF16_WARP_SPEC=1 makes it the table's row for the A/B.
 BF16_PREFILL_WARP_SPEC = os.environ.get("MOE_CONFORMANCE_BF16_WARP_SPEC", "0") == "1"
+# The bf16 prefill row through the Gluon kernel (gluon_bf16: gluon_kernels.bf16_prefill_kernel, the loads in a producer
+# warpgroup, both wgmma operands from shared memory; why: the row above runs loads, MMAs and epilogue in the same 8
+# warps, at 46-55% of dense bf16 on an H100, results/gpu-issue28/run-34). Compiled for sm90 by Triton 3.6 without
+# spills (224 KB of shared memory at 128-pair blocks and 4 stages); not yet run on a GPU.
+# MOE_CONFORMANCE_GLUON_BF16=1 makes it the table's row for the A/B (sm90 only).
+GLUON_BF16_PREFILL = os.environ.get("MOE_CONFORMANCE_GLUON_BF16", "0") == "1"
+GLUON_BF16_TILES = dict(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=4, maxnreg=168, group_m=8,
+                        w2_block_n=256, gluon_bf16=1)
 _BF16_PREFILL = (dict(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=2, group_m=8, tma=1,
                       warp_spec_if_fits=1, w2_block_n=256) if BF16_PREFILL_WARP_SPEC else
+                 GLUON_BF16_TILES if GLUON_BF16_PREFILL else
                  dict(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4, group_m=8, tma=2,
                       w2_block_n=256, tail_m=64, inline_tails=1))
 TILE_TABLE = (
@@ -669,10 +682,41 @@ class TritonEmulationBackend:
         return sorted_rows, block_expert
 
     def _partials_kernel(self, prep, which, a_mode, tiles, quantize_nvfp4, n_out, n_rows, k_dim):
-        """A subclass's kernel for this GEMM's fp32 partial sums ([split_k, pairs, 2, n_out], finished by the
-        split-K epilogues), as a callable (a, partials, sorted_rows, block_expert, n_pairs, a_row_div, n_out,
-        n_rows, k_dim, gated, split_k); None: moe_gemm_kernel."""
-        return None
+        """A kernel for this GEMM's fp32 partial sums ([split_k, pairs, 2, n_out], finished by the split-K
+        epilogues), or with .direct its outputs, as a callable (a, partials, sorted_rows, block_expert, n_pairs,
+        a_row_div, n_out, n_rows, k_dim, gated, split_k, direct=epilogue operands); None: moe_gemm_kernel. Here the
+        tiles' gluon_bf16: bf16 weights and activations through gluon_kernels.bf16_prefill_kernel."""
+        if not tiles.get("gluon_bf16"):
+            return None
+        ckpt = prep.ckpt
+        gated = which == "w13" and ckpt.activation.gated
+        block_n = tiles.get(f"{which}_block_n") or tiles["block_n"]
+        problems = [why for bad, why in (
+            (K.INTERPRET, "a compiled kernel (Triton has no Gluon interpreter)"),
+            (self.device != "cpu" and detect_platform().name != "sm90", "Hopper's wgmma and TMA (sm90)"),
+            (ckpt.scheme.weight is not None or ckpt.scheme.act is not None or a_mode != 0
+             or quantize_nvfp4 is not None, "bf16 weights and activations"),
+            ((tiles.get("split_k") or 1) != 1 or tiles.get("tail_m") or tiles.get("persistent"),
+             "the whole K a program on the plain grid (no split_k, tail_m or persistent)"),
+            (block_n != (128 if gated else 256), f"{'128' if gated else '256'} outputs a program ({which}'s block_n "
+                                                 f"{block_n})"),
+            (tiles["block_m"] not in (64, 128), f"block_m 64 or 128 (got {tiles['block_m']})")) if bad]
+        if problems:
+            raise ValueError(f"gluon_bf16 ({which}) needs " + "; ".join(problems))
+        from .gluon_kernels import launch_bf16_prefill
+
+        w = getattr(prep, which)
+        stages, maxnreg, bm = tiles["num_stages"], tiles.get("maxnreg") or 168, tiles["block_m"]
+
+        def run(a, partials, sorted_rows, block_expert, n_pairs, a_row_div, n_out, n_rows, k_dim, gated, split_k,
+                serial=None, ids=None, direct=None):
+            if a.data_ptr() % 16 or a.stride() != (k_dim, 1):  # cp.async moves 16-byte runs of whole rows
+                a = a.clone(memory_format=torch.contiguous_format)
+            return launch_bf16_prefill(K.bf16_prefill_kernel, w, a, sorted_rows, block_expert, n_pairs, a_row_div,
+                                       n_out, n_rows, k_dim, gated, ckpt.activation.interleaved, direct, stages, bm,
+                                       maxnreg, tiles.get("group_m") or 0)
+        run.direct = True  # the outputs from the accumulators: no partial sums, no epilogue launch after
+        return run
 
     @staticmethod
     def _align_torch(topk_ids, num_experts, bm: int):

@@ -1425,6 +1425,6 @@ def topk_reduce_kernel(z_ptr, w_ptr, out_ptr, H, TOP_K: tl.constexpr, BLOCK_H: t
     tl.store(out_ptr + t * H + h, f32_to_bf16(round_bf16(acc)), mask=mask)
 
 
-# The warp-specialised Gluon decode GEMM (issue 28; harness/backends/gluon_kernels.py), an attribute here so that
-# its launch is K.bitplace_partials_kernel[grid] like every other (compile_check records them by that name).
-from .gluon_kernels import bitplace_partials_kernel  # noqa: E402
+# The warp-specialised Gluon GEMMs (issue 28; harness/backends/gluon_kernels.py), attributes here so that their
+# launches are K.<kernel>[grid] like every other (compile_check records them by that name).
+from .gluon_kernels import bf16_prefill_kernel, bitplace_partials_kernel  # noqa: E402

@@ -13,7 +13,15 @@
 #   PART=gmemcheck ~3 min: memcheck over tools/sanitize_kernels.py (its gluon prefill cases new)
 #   PART=bench     ~6 min: run-35's bench filter plus triton_bitplace_gluon's 8192-token rows, with
 #                  MOE_CONFORMANCE_GLUON_PREFILL=1 (the targets judge each case's best backend)
+#   triton_emulation's bf16 prefill through the Gluon kernel (gluon_bf16, MOE_CONFORMANCE_GLUON_BF16=1):
+#   PART=bbfb      ~3 min: suites/test_triton_helpers.py's GPU test (conformance and bit for bit against the bf16 row at
+#                  1200 pairs), then bit for bit at each model's sizes (8 experts, 300 and 2048 tokens, block_m 64 and 128)
+#   PART=btime     ~4 min: replay wall time at 8192 tokens, the bf16 row against gluon_bf16 at 128- and 64-pair blocks,
+#                  both models (MODELS= to limit)
 export PYTHONUNBUFFERED=1
+BF16_ROW="block_m=128 block_n=128 block_k=64 num_warps=8 num_stages=4 group_m=8 tma=2 w2_block_n=256 tail_m=64 inline_tails=1"
+BF16_GLUON="block_m=128 block_n=128 block_k=64 num_warps=4 num_stages=4 maxnreg=168 group_m=8 w2_block_n=256 gluon_bf16=1"
+flags() { local pre=$1; shift; for kv in "$@"; do printf -- "--$pre %s " "$kv"; done; }
 mkdir -p $OUT/f
 PREFILL_CFG="--config block_m=64 --config block_n=128 --config num_stages=4 --config maxnreg=168 --config group_m=8 --config gluon_prefill=1 --config tile_major=1"
 for part in ${PART:-gbfb gtime}; do
@@ -49,6 +57,26 @@ case $part in
         triton_bitplace_gluon --replays 5 $args > "$OUT/f/cfg-${cfg// /_}.log" 2>&1
       echo "$cfg: rc=$? $(grep -o 'w_[a-z0-9_]* T=8192.*median replay [0-9.]* us wall' "$OUT/f/cfg-${cfg// /_}.log" \
         | sed -E 's/ triton_bitplace_gluon \{.*\}//' | tr '\n' ' ')"
+    done ;;
+  bbfb)
+    timeout 240 python3 -m pytest -p no:cacheprovider -q suites/test_triton_helpers.py -k gluon_bf16 \
+      > $OUT/f/bf16-conformance.log 2>&1
+    echo "bf16 gluon conformance + bit for bit: rc=$? $(tail -1 $OUT/f/bf16-conformance.log)"
+    grep -E "^(FAILED|ERROR)|Error" $OUT/f/bf16-conformance.log | head -5
+    for model in gpt-oss-120b kimi-k2; do
+      timeout 150 python3 tools/bit_for_bit.py --model $model --scheme bf16 --tokens 300 2048 --ref triton_emulation \
+        $(flags ref-config $BF16_ROW) --backend triton_emulation $(flags config $BF16_GLUON) --sweep block_m=128,64 \
+        > $OUT/f/bf16-bfb-$model.log 2>&1
+      echo "bf16 bit for bit $model: rc=$?"; grep -E "bit for bit|Error|error" $OUT/f/bf16-bfb-$model.log | head -5
+    done ;;
+  btime)
+    for model in ${MODELS:-gpt-oss-120b kimi-k2}; do
+      for cfg in "$BF16_ROW" "$BF16_GLUON" "${BF16_GLUON/block_m=128/block_m=64}"; do
+        timeout 200 python3 tools/chain_timeline.py --model $model --scheme bf16 --tokens 8192 \
+          --backend triton_emulation --replays 5 $(flags config $cfg) > $OUT/f/bf16-time.log 2>&1
+        echo "$model [$cfg]: rc=$? $(grep -o 'median replay [0-9.]* us wall' $OUT/f/bf16-time.log)"
+        cat $OUT/f/bf16-time.log >> $OUT/f/bf16-time-$model.log
+      done
     done ;;
   gmemcheck)
     timeout 240 compute-sanitizer --tool memcheck python3 tools/sanitize_kernels.py > $OUT/f/memcheck.log 2>&1
