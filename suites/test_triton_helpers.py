@@ -293,9 +293,14 @@ def test_the_kernels_a_forward_launches_compile_for_sm90_without_a_gpu(tmp_path)
     gluon_prefill = [f"triton_bitplace_gluon/{case}@tokens=2048,block_m={bm},block_n={bn},num_warps=4,num_stages=3,"
                      f"maxnreg={128 if (bm, bn) == (64, 64) else 168},group_m=8,gluon_prefill=1,tile_major=1"
                      for case, bm, bn in (("w_mxfp4/SWIGLUOAI", 64, 128), ("w_nvfp4_a_nvfp4/SILU", 128, 64))]
+    # bf16 prefill through the Gluon kernel (gluon_bf16): interleaved gate and up rows as row pairs at 128-pair blocks,
+    # halves at 64
+    gluon_bf16 = [f"triton_emulation/bf16/{act}@tokens=2048,block_m={bm},block_n=128,w2_block_n=256,block_k=64,"
+                  f"num_warps=4,num_stages=4,maxnreg=168,group_m=8,gluon_bf16=1"
+                  for act, bm in (("SWIGLUOAI", 128), ("SILU", 64))]
     cmd = [sys.executable, "-m", "harness.backends.compile_check", "--tokens", "1", "2048", "--intermediate", "384"]
     for case in (cases + [serial, scale_regs] + tma + tails + inline + persistent + warp_specialized + list(gluon)
-                 + [default_gluon] + list(gluon_serial) + gluon_prefill):
+                 + [default_gluon] + list(gluon_serial) + gluon_prefill + gluon_bf16):
         cmd += ["--case", case]
     # an empty Triton cache, so that ptxas runs for every launch and its log says whether wgmma was serialized
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=Path(__file__).resolve().parents[1],
@@ -350,6 +355,13 @@ def test_the_kernels_a_forward_launches_compile_for_sm90_without_a_gpu(tmp_path)
                  if line.startswith("compiled bitplace_partials_kernel") and f"{case}, 2048 tokens;" in line]
         assert len(lines) == 2 and all(" 0 spill bytes" in line and "warp-specialized" in line for line in lines), \
             lines or run.stdout[-2000:]
+    for case in gluon_bf16:  # both GEMMs, their epilogues from the accumulators, warp-specialized, no spill, in 227 KB
+        assert "bf16_prefill_kernel x2, topk_reduce_kernel x1)" in launched[case], launched[case]
+        lines = [line for line in run.stdout.splitlines()
+                 if line.startswith("compiled bf16_prefill_kernel") and f"{case}, 2048 tokens;" in line]
+        assert len(lines) == 2 and all(" 0 spill bytes" in line and "warp-specialized" in line
+                                       and float(re.search(r"([\d.]+) KB shared", line).group(1)) <= 227
+                                       for line in lines), lines or run.stdout[-2000:]
     for case in [*tile_major, default_gluon]:  # both GEMMs read the tile-major copy (the table's default too)
         assert sum(line.startswith("compiled bitplace_partials_kernel") and f"{case}, 1 tokens;" in line
                    and "tile-major weights" in line for line in run.stdout.splitlines()) == 2, run.stdout[-2000:]
