@@ -692,12 +692,13 @@ def test_the_warp_specialized_bf16_loop_gives_the_same_bits():
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
                     reason="the Gluon bf16 kernel issues Hopper's wgmma and TMA: an sm90 GPU only")
 @pytest.mark.parametrize("block_m", [64, 128])
-@pytest.mark.parametrize("act", ["SWIGLUOAI", "SILU"])
+@pytest.mark.parametrize("act", ["SWIGLUOAI", "SILU", "SILU_NO_MUL"])
 def test_the_gluon_bf16_prefill_kernel_gives_the_bits_of_the_bf16_row(act, block_m):
     """gluon_bf16 (gluon_kernels.bf16_prefill_kernel) against the reference by the conformance bound, and bit for bit
     against the tile table's bf16 prefill row (moe_gemm_kernel: the same operands, K order and epilogue), past the
-    fused routing (1200 pairs), with biases, gate and up rows interleaved (row pairs) and in halves, GEMM2's K not a
-    multiple of the step (328: TMA's zeros past K), and GEMM1's last program past N_OUT."""
+    fused routing (1200 pairs), with biases, gate and up rows interleaved (row pairs), in halves and ungated (GEMM1
+    of 256 outputs a program), GEMM2's K not a multiple of the step (328: TMA's zeros past K), and GEMM1's last
+    program past N_OUT."""
     from harness.backends import backend_structure, load_backend
     from harness.backends.triton_emulation import GLUON_BF16_TILES
     from harness.core.conformance import Shape, backend_shape, compare_backend, reference_run
@@ -758,6 +759,12 @@ def test_the_gluon_bf16_row_takes_bf16_prefill_blocks_and_refuses_what_it_cannot
         with pytest.raises(ValueError, match=match):
             launch(None, w[..., :k_dim].contiguous(), None, None, None, 4, 2, 128, 256, k_dim, True, True, {}, 4, bm,
                    168)
+    # the kernel's outputs a program whatever the tiles said: 128 gated, 256 ungated (GEMM2, and GEMM1 of an ungated
+    # activation)
+    for act, want in (("SWIGLUOAI", 128), ("SILU_NO_MUL", 256)):
+        ungated = backend.prepare(make_checkpoint("bf16", act, 2, 256, 128, seed=0, with_bias=False))
+        resolved = backend.resolve_tiles(dict(tiles, block_n=64, w2_block_n=64), ungated, 8192, "cpu")
+        assert (resolved["block_n"], resolved["w2_block_n"]) == (want, 256), resolved
     # the table's bf16 prefill row only with the switch (MOE_CONFORMANCE_GLUON_BF16=1)
     assert (backend.tile_config(8192, None) == GLUON_BF16_TILES) == triton_emulation.GLUON_BF16_PREFILL
 

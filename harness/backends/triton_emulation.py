@@ -132,8 +132,8 @@ TILE_KEYS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "w2_blo
 # its consumer warpgroups' rows, maxnreg their register cap, group_m the programs' order), gluon_bf16 (bf16 weights
 # and activations: 1 runs each GEMM through gluon_kernels.bf16_prefill_kernel, a producer warpgroup streaming the
 # weights by TMA and the rows by cp.async, two consumer warpgroups issuing wgmma from shared memory, the epilogue
-# from the accumulators; block_m 64 or 128 its expert blocks, 128 outputs a program gated and 256 ungated (block_n /
-# w2_block_n must say so), num_stages the ring's depth, maxnreg the consumers' register cap), and
+# from the accumulators; block_m 64 or 128 its expert blocks, 128 outputs a program gated and 256 ungated (resolve_tiles
+# sets block_n / w2_block_n so), num_stages the ring's depth, maxnreg the consumers' register cap), and
 # split_k_programs instead: split_k then is the fewest splits that give GEMM1 that many programs (split_k_to_fill),
 # and pdl_bytes: pdl 1 where GEMM2's weights of the call (one expert a pair at most) are at most that many bytes,
 # else 2
@@ -411,6 +411,8 @@ class TritonEmulationBackend:
                     and (tiles.get("tail_m") or 128) >= 128 and not tiles.get("persistent")
                     and not (pairs and ckpt.hidden_size % tiles["block_k"]))
             tiles = {**tiles, "warp_spec": 1} if fits else {**tiles, "num_warps": 2 * tiles["num_warps"], "tma": 2}
+        if tiles.get("gluon_bf16"):  # the Gluon kernel's outputs a program: 128 gated (gate and up rows), 256 ungated
+            tiles = {**tiles, "block_n": 128 if ckpt.activation.gated else 256, "w2_block_n": 256}
         if K.INTERPRET and tiles.get("pdl"):  # no griddepcontrol in the interpreter; dependents change timing only
             tiles = {**tiles, "pdl": 0}
         return tiles
