@@ -717,6 +717,76 @@ def test_the_gluon_bf16_prefill_kernel_gives_the_bits_of_the_bf16_row(act, block
     assert torch.equal(got.view(torch.int16), want.view(torch.int16)), (got.float() - want.float()).abs().max()
 
 
+def _tma_box(view: torch.Tensor, row: int, col: int, rows: int, cols: int) -> torch.Tensor:
+    """A TMA box of a 2-D tensor: the elements inside it, zeros for the coordinates outside (as TMA fills them)."""
+    box = torch.zeros(rows, cols, dtype=view.dtype)
+    r0, r1, c0, c1 = max(row, 0), min(row + rows, view.shape[0]), max(col, 0), min(col + cols, view.shape[1])
+    if r0 < r1 and c0 < c1:
+        box[r0 - row:r1 - row, c0 - col:c1 - col] = view[r0:r1, c0:c1]
+    return box
+
+
+def _replay_bf16_prefill(w, x, n_out: int, gated: bool, interleaved: bool, box=None):
+    """bf16_prefill_kernel's addressing replayed in float64 torch (its gluon.jit helpers' Python): for every program
+    of every expert and K step, the four weight boxes of the weights' view times the activation rows (zeros past K),
+    summed into each consumer warpgroup's two accumulators, stored at the outputs _bf16_first_output names. Returns
+    (gate or the ungated sums, up) [E, n_out, tokens]."""
+    from harness.backends import gluon_kernels as G
+
+    box = box or G._bf16_box.fn
+    e, n_rows, k_dim = w.shape
+    pairs = gated and interleaved
+    view = (w.reshape(e * n_out, 2 * k_dim) if pairs else w.reshape(e * n_rows, k_dim)).double()
+    bk, wide = G.BF16_BLOCK_K, (G.BF16_GATED_OUTPUTS if gated else G.BF16_UNGATED_OUTPUTS).value
+    steps = -(-k_dim // bk)
+    xs = torch.nn.functional.pad(x.double(), (0, steps * bk - k_dim))
+    sums = [torch.full((e, -(-n_out // wide) * wide, x.shape[0]), float("nan"), dtype=torch.float64) for _ in "gu"]
+    for expert in range(e):
+        w_row = expert * (n_out if pairs else n_rows)
+        for g_col0 in range(0, n_out, wide):
+            for t in range(2):
+                acc = [torch.zeros(64, x.shape[0], dtype=torch.float64) for _ in range(2)]
+                for k in range(0, steps * bk, bk):
+                    for j in range(2):
+                        row, col = box(w_row, g_col0, k, k_dim, n_out, t, j, gated, pairs)
+                        acc[j] += _tma_box(view, row, col, 64, bk) @ xs[:, k:k + bk].T
+                for j in range(2):
+                    first = G._bf16_first_output.fn(g_col0, t, j, gated)
+                    sums[j if gated else 0][expert, first:first + 64] = acc[j]
+    return sums[0][:, :n_out], sums[1][:, :n_out]
+
+
+def test_the_gluon_bf16_kernel_s_boxes_replayed_in_torch_give_the_gemm():
+    """bf16_prefill_kernel's addressing on the CPU (the kernel runs on sm90 only): its weight boxes (_bf16_box) and the
+    outputs each accumulator is stored at (_bf16_first_output), replayed in torch, give x @ W^T for gate and up rows
+    interleaved (row pairs of a [E x N, 2 K] view), in halves, and ungated (256 outputs a program), with K and N_OUT
+    not multiples of the step and of the program (TMA's zeros past the view's edge; the next expert's rows past
+    N_OUT, not stored). An up box read at column k instead of K + k fails it."""
+    from harness.backends import gluon_kernels as G
+
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(5, 192, generator=gen).bfloat16()
+    for gated, interleaved, k_dim, n_out in ((True, True, 192, 200), (True, False, 160, 200), (False, False, 160, 300)):
+        w = torch.randn(3, 2 * n_out if gated else n_out, k_dim, generator=gen).bfloat16()
+        xk = x[:, :k_dim].double()
+        if gated and interleaved:
+            gate_w, up_w = w[:, 0::2], w[:, 1::2]
+        elif gated:
+            gate_w, up_w = w[:, :n_out], w[:, n_out:]
+        else:
+            gate_w, up_w = w, None
+        gate, up = _replay_bf16_prefill(w, x[:, :k_dim], n_out, gated, interleaved)
+        torch.testing.assert_close(gate, torch.einsum("enk,tk->ent", gate_w.double(), xk), rtol=1e-12, atol=1e-9)
+        if gated:
+            torch.testing.assert_close(up, torch.einsum("enk,tk->ent", up_w.double(), xk), rtol=1e-12, atol=1e-9)
+    # the mutation: row pairs' up box at the gate's columns
+    w = torch.randn(3, 400, 192, generator=gen).bfloat16()
+    wrong = lambda w_row, g_col0, k, K, n, t, j, gated, pairs: G._bf16_box.fn(w_row, g_col0, k, 0, n, t, j, gated,  # noqa: E731
+                                                                            pairs)
+    _, up = _replay_bf16_prefill(w, x, 200, True, True, box=wrong)
+    assert not torch.allclose(up, torch.einsum("enk,tk->ent", w[:, 1::2].double(), x.double()))
+
+
 def test_the_gluon_bf16_row_takes_bf16_prefill_blocks_and_refuses_what_it_cannot_do(monkeypatch):
     """gluon_bf16's dispatch (triton_emulation._partials_kernel): bf16 weights and activations go to
     launch_bf16_prefill with the GEMM's weights, the tiles' block_m, stages, register cap and group order and the

@@ -827,6 +827,9 @@ def launch_bitplace_partials(launcher, codes, scales_t, a, partials, sorted_rows
 # ---- bf16 prefill: the same warp specialisation with bf16 weights, both operands of the wgmma from shared memory ----
 W_BF16_SMEM = X_SMEM  # a [64 rows, 64] bf16 weight box: 128-byte rows, 128-byte swizzle, as the activation rows'
 BF16_BLOCK_K = 64  # K a step: a box row of 128 bytes (the swizzle's width)
+# outputs a program: two consumer warpgroups of two [64, BM] accumulators (gated: gate and up of 64 outputs each)
+BF16_GATED_OUTPUTS = gl.constexpr(128)
+BF16_UNGATED_OUTPUTS = gl.constexpr(256)
 
 
 @gluon.jit
@@ -841,6 +844,15 @@ def _bf16_box(w_row, g_col0, k, K, N_OUT, t: gl.constexpr, j: gl.constexpr, GATE
             return w_row + g_col0 + 64 * t, k + j * K
         return w_row + g_col0 + 64 * t + j * N_OUT, k
     return w_row + g_col0 + 128 * t + 64 * j, k
+
+
+@gluon.jit
+def _bf16_first_output(g_col0, t: gl.constexpr, j: gl.constexpr, GATED: gl.constexpr):
+    """The first of the 64 outputs that accumulator j of consumer warpgroup t holds (gated: both accumulators, the
+    gate and the up rows of the same outputs; ungated: its two 64-row tiles)."""
+    if GATED:
+        return g_col0 + 64 * t
+    return g_col0 + 128 * t + 64 * j
 
 
 @gluon.jit
@@ -890,18 +902,18 @@ def _bf16_consumer(w_s, x_s, ready, empty, n_steps, sorted_rows_ptr, n_pairs, N_
         mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), pred=i > 0)
     acc_a, acc_b = warpgroup_mma_wait(0, deps=[acc_a, acc_b])
     if GATED:
-        _direct_epilogue(acc_a, acc_b, sorted_rows_ptr, n_pairs, N_OUT, pid_m, g_col0 + 64 * T, GATED, BM,
-                         block_expert_ptr, final_ptr, a_scale_ptr, expert_scale_ptr, bias_ptr, q_scale_ptr, N_ROWS,
-                         alpha, beta, beta_lin, limit, A_SCALE, HAS_EXPERT_SCALE, HAS_BIAS, INTERLEAVED, ACT,
+        _direct_epilogue(acc_a, acc_b, sorted_rows_ptr, n_pairs, N_OUT, pid_m, _bf16_first_output(g_col0, T, 0, GATED),
+                         GATED, BM, block_expert_ptr, final_ptr, a_scale_ptr, expert_scale_ptr, bias_ptr, q_scale_ptr,
+                         N_ROWS, alpha, beta, beta_lin, limit, A_SCALE, HAS_EXPERT_SCALE, HAS_BIAS, INTERLEAVED, ACT,
                          APPLY_ACT, HAS_LIMIT, QUANT_NVFP4)
     else:
-        _direct_epilogue(acc_a, acc_a, sorted_rows_ptr, n_pairs, N_OUT, pid_m, g_col0 + 128 * T, GATED, BM,
-                         block_expert_ptr, final_ptr, a_scale_ptr, expert_scale_ptr, bias_ptr, q_scale_ptr, N_ROWS,
-                         alpha, beta, beta_lin, limit, A_SCALE, HAS_EXPERT_SCALE, HAS_BIAS, INTERLEAVED, ACT,
+        _direct_epilogue(acc_a, acc_a, sorted_rows_ptr, n_pairs, N_OUT, pid_m, _bf16_first_output(g_col0, T, 0, GATED),
+                         GATED, BM, block_expert_ptr, final_ptr, a_scale_ptr, expert_scale_ptr, bias_ptr, q_scale_ptr,
+                         N_ROWS, alpha, beta, beta_lin, limit, A_SCALE, HAS_EXPERT_SCALE, HAS_BIAS, INTERLEAVED, ACT,
                          APPLY_ACT, HAS_LIMIT, QUANT_NVFP4)
-        _direct_epilogue(acc_b, acc_b, sorted_rows_ptr, n_pairs, N_OUT, pid_m, g_col0 + 128 * T + 64, GATED, BM,
-                         block_expert_ptr, final_ptr, a_scale_ptr, expert_scale_ptr, bias_ptr, q_scale_ptr, N_ROWS,
-                         alpha, beta, beta_lin, limit, A_SCALE, HAS_EXPERT_SCALE, HAS_BIAS, INTERLEAVED, ACT,
+        _direct_epilogue(acc_b, acc_b, sorted_rows_ptr, n_pairs, N_OUT, pid_m, _bf16_first_output(g_col0, T, 1, GATED),
+                         GATED, BM, block_expert_ptr, final_ptr, a_scale_ptr, expert_scale_ptr, bias_ptr, q_scale_ptr,
+                         N_ROWS, alpha, beta, beta_lin, limit, A_SCALE, HAS_EXPERT_SCALE, HAS_BIAS, INTERLEAVED, ACT,
                          APPLY_ACT, HAS_LIMIT, QUANT_NVFP4)
 
 
@@ -926,7 +938,7 @@ def bf16_prefill_kernel(w_desc, a_ptr, sorted_rows_ptr, block_expert_ptr, n_pair
         pid_m, pid_n = _grouped_tile_order(pid_m, pid_n, gl.num_programs(0), gl.num_programs(1), GROUP_M)
     expert = gl.load(block_expert_ptr + pid_m)
     if expert >= 0:
-        g_col0 = pid_n * (128 if GATED else 256)
+        g_col0 = pid_n * (BF16_GATED_OUTPUTS if GATED else BF16_UNGATED_OUTPUTS)
         w_row = expert * (N_OUT if PAIRS else N_ROWS)
         n_steps = gl.cdiv(K, BK)
         w_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES * 4, 64, BK], w_desc.layout)
@@ -978,7 +990,7 @@ def launch_bf16_prefill(launcher, w, a, sorted_rows, block_expert, n_pairs: int,
     warps, regs = producer
     x_load = gl.BlockedLayout([1, 8], [32 * 8 // BF16_BLOCK_K, BF16_BLOCK_K // 8], [warps, 1], [1, 0])
     acc_layout, _ = accumulator_layouts(bm)
-    grid = (block_expert.numel(), -(-n_out // (128 if gated else 256)))
+    grid = (block_expert.numel(), -(-n_out // (BF16_GATED_OUTPUTS.value if gated else BF16_UNGATED_OUTPUTS.value)))
     return launcher[grid](w_desc, a, sorted_rows, block_expert, n_pairs, a_row_div, n_out, n_rows, k_dim,
                           GATED=gated, PAIRS=pairs, STAGES=stages, BM=bm, BK=BF16_BLOCK_K, ACC_L=acc_layout,
                           XS=X_SMEM, XL=x_load, PW=warps, PREGS=regs, SREGS=(3 * maxnreg - regs) // 2 // 8 * 8,

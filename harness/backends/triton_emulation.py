@@ -24,6 +24,7 @@ from reference.quantizers import FP8, MX, NVFP4
 from reference.structure import STRUCTURES
 
 from . import triton_kernels as K
+from .gluon_kernels import BF16_GATED_OUTPUTS, BF16_UNGATED_OUTPUTS
 from .triton_kernels import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -412,7 +413,8 @@ class TritonEmulationBackend:
                     and not (pairs and ckpt.hidden_size % tiles["block_k"]))
             tiles = {**tiles, "warp_spec": 1} if fits else {**tiles, "num_warps": 2 * tiles["num_warps"], "tma": 2}
         if tiles.get("gluon_bf16"):  # the Gluon kernel's outputs a program: 128 gated (gate and up rows), 256 ungated
-            tiles = {**tiles, "block_n": 128 if ckpt.activation.gated else 256, "w2_block_n": 256}
+            tiles = {**tiles, "block_n": BF16_GATED_OUTPUTS.value if ckpt.activation.gated else
+                     BF16_UNGATED_OUTPUTS.value, "w2_block_n": BF16_UNGATED_OUTPUTS.value}
         if K.INTERPRET and tiles.get("pdl"):  # no griddepcontrol in the interpreter; dependents change timing only
             tiles = {**tiles, "pdl": 0}
         return tiles
@@ -693,6 +695,7 @@ class TritonEmulationBackend:
         ckpt = prep.ckpt
         gated = which == "w13" and ckpt.activation.gated
         block_n = tiles.get(f"{which}_block_n") or tiles["block_n"]
+        wide = (BF16_GATED_OUTPUTS if gated else BF16_UNGATED_OUTPUTS).value
         problems = [why for bad, why in (
             (K.INTERPRET, "a compiled kernel (Triton has no Gluon interpreter)"),
             (self.device != "cpu" and detect_platform().name != "sm90", "Hopper's wgmma and TMA (sm90)"),
@@ -700,8 +703,7 @@ class TritonEmulationBackend:
              or quantize_nvfp4 is not None, "bf16 weights and activations"),
             ((tiles.get("split_k") or 1) != 1 or tiles.get("tail_m") or tiles.get("persistent"),
              "the whole K a program on the plain grid (no split_k, tail_m or persistent)"),
-            (block_n != (128 if gated else 256), f"{'128' if gated else '256'} outputs a program ({which}'s block_n "
-                                                 f"{block_n})"),
+            (block_n != wide, f"{wide} outputs a program ({which}'s block_n {block_n})"),
             (tiles["block_m"] not in (64, 128), f"block_m 64 or 128 (got {tiles['block_m']})")) if bad]
         if problems:
             raise ValueError(f"gluon_bf16 ({which}) needs " + "; ".join(problems))
