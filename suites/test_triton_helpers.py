@@ -294,10 +294,11 @@ def test_the_kernels_a_forward_launches_compile_for_sm90_without_a_gpu(tmp_path)
                      f"maxnreg={128 if (bm, bn) == (64, 64) else 168},group_m=8,gluon_prefill=1,tile_major=1"
                      for case, bm, bn in (("w_mxfp4/SWIGLUOAI", 64, 128), ("w_nvfp4_a_nvfp4/SILU", 128, 64))]
     # bf16 prefill through the Gluon kernel (gluon_bf16): interleaved gate and up rows as row pairs at 128-pair blocks,
-    # halves at 64
+    # halves at 64, and a persistent grid
     gluon_bf16 = [f"triton_emulation/bf16/{act}@tokens=2048,block_m={bm},block_n=128,w2_block_n=256,block_k=64,"
                   f"num_warps=4,num_stages=4,maxnreg=168,group_m=8,gluon_bf16=1"
                   for act, bm in (("SWIGLUOAI", 128), ("SILU", 64))]
+    gluon_bf16.append(gluon_bf16[0] + ",persistent=1")  # one program a multiprocessor running the items in turn
     cmd = [sys.executable, "-m", "harness.backends.compile_check", "--tokens", "1", "2048", "--intermediate", "384"]
     for case in (cases + [serial, scale_regs] + tma + tails + inline + persistent + warp_specialized + list(gluon)
                  + [default_gluon] + list(gluon_serial) + gluon_prefill + gluon_bf16):
@@ -691,9 +692,10 @@ def test_the_warp_specialized_bf16_loop_gives_the_same_bits():
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
                     reason="the Gluon bf16 kernel issues Hopper's wgmma and TMA: an sm90 GPU only")
-@pytest.mark.parametrize("block_m", [64, 128])
+@pytest.mark.parametrize("tiles", [dict(block_m=64), dict(block_m=128), dict(block_m=128, persistent=1)],
+                         ids=["bm64", "bm128", "bm128-persistent"])
 @pytest.mark.parametrize("act", ["SWIGLUOAI", "SILU", "SILU_NO_MUL"])
-def test_the_gluon_bf16_prefill_kernel_gives_the_bits_of_the_bf16_row(act, block_m):
+def test_the_gluon_bf16_prefill_kernel_gives_the_bits_of_the_bf16_row(act, tiles):
     """gluon_bf16 (gluon_kernels.bf16_prefill_kernel) against the reference by the conformance bound, and bit for bit
     against the tile table's bf16 prefill row (moe_gemm_kernel: the same operands, K order and epilogue), past the
     fused routing (1200 pairs), with biases, gate and up rows interleaved (row pairs), in halves and ungated (GEMM1
@@ -703,11 +705,11 @@ def test_the_gluon_bf16_prefill_kernel_gives_the_bits_of_the_bf16_row(act, block
     from harness.backends.triton_emulation import GLUON_BF16_TILES
     from harness.core.conformance import Shape, backend_shape, compare_backend, reference_run
 
-    gluon = load_backend("triton_emulation").configure(**dict(GLUON_BF16_TILES, block_m=block_m))
+    gluon = load_backend("triton_emulation").configure(**dict(GLUON_BF16_TILES, **tiles))
     row = load_backend("triton_emulation")
     shape = backend_shape(gluon, Shape(num_experts=8, hidden_size=256, intermediate_size=328, tokens=600, top_k=2))
     ckpt, inputs, out, trace = reference_run("bf16", act, "e4m3fn", shape, 3, backend_structure(gluon))
-    result = compare_backend(gluon, ckpt, inputs, out, trace, f"prefill/bf16/gluon_bf16 {block_m}")
+    result = compare_backend(gluon, ckpt, inputs, out, trace, f"prefill/bf16/gluon_bf16 {tiles}")
     assert result.ok, result.message()
     assert all(gluon.last_compiled[which].name == "bf16_prefill_kernel" for which in ("w13", "w2")), gluon.last_compiled
     x, w, ids = (t.cuda() for t in inputs)
@@ -812,10 +814,14 @@ def test_the_gluon_bf16_row_takes_bf16_prefill_blocks_and_refuses_what_it_cannot
     a = torch.zeros(2, 256, dtype=torch.bfloat16)
     run(a, None, "rows", "experts", 4, 2, 128, 256, 256, True, 1, direct=dict(final_ptr="the output"))
     launcher, w, a_arg, rows, experts, n_pairs, a_row_div, n_out, n_rows, k_dim, gated, interleaved, direct, \
-        stages, bm, maxnreg, group_m = seen[-1]
+        stages, bm, maxnreg, group_m, persistent = seen[-1]
     assert launcher is K.bf16_prefill_kernel and w is prep.w13 and a_arg is a and (rows, experts) == ("rows", "experts")
     assert (n_pairs, a_row_div, n_out, n_rows, k_dim, gated, interleaved) == (4, 2, 128, 256, 256, True, True)
-    assert direct == dict(final_ptr="the output") and (stages, bm, maxnreg, group_m) == (4, 128, 168, 8)
+    assert direct == dict(final_ptr="the output") and (stages, bm, maxnreg, group_m, persistent) == (4, 128, 168, 8, 0)
+    # persistent 1: one program a multiprocessor (compile_check's stand-in: the H200's 132)
+    backend._partials_kernel(prep, "w13", 0, dict(tiles, persistent=1), None, 128, 256, 256)(
+        a, None, "rows", "experts", 4, 2, 128, 256, 256, True, 1, direct={})
+    assert seen[-1][-1] == 132
     assert backend._partials_kernel(prep, "w2", 0, tiles, None, 256, 256, 128).direct  # GEMM2: 256 outputs
     mx = backend.prepare(make_checkpoint("w_mxfp4", "SWIGLUOAI", 2, 256, 128, seed=0, with_bias=True))
     for which, other, ckpt_prep, match in (

@@ -227,19 +227,20 @@ def main() -> int:
         print(backend.name, "gluon prefill", scheme, "block_m", bm, "block_n", block_n, kernels, tuple(out.shape),
               bool(torch.isfinite(out).all()))
     # bf16 prefill through the Gluon kernel (gluon_bf16): the same 1200 pairs, gate and up rows interleaved (row pairs)
-    # at 128-pair blocks, in halves at 64, ungated at 64 (GEMM1 of 256 outputs a program, its last 128 past its 384
+    # at 128-pair blocks, in halves at 64 on a persistent grid, ungated at 64 (GEMM1 of 256 outputs a program, its last 128 past its 384
     # rows); GEMM2's one program of 256 outputs over 192 (TMA's zeros past them), its K 6 steps
     from harness.backends.triton_emulation import GLUON_BF16_TILES
 
-    for bm, act in ((128, "SWIGLUOAI"), (64, "SILU"), (64, "SILU_NO_MUL")):
-        backend = TritonEmulationBackend().configure(**dict(GLUON_BF16_TILES, block_m=bm, num_stages=3, group_m=4))
+    for bm, act, persistent in ((128, "SWIGLUOAI", 0), (64, "SILU", 1), (64, "SILU_NO_MUL", 0)):
+        backend = TritonEmulationBackend().configure(**dict(GLUON_BF16_TILES, block_m=bm, num_stages=3, group_m=4,
+                                                            persistent=persistent))
         ckpt = make_checkpoint("bf16", act, prefill.num_experts, prefill.hidden_size, prefill.intermediate_size,
                                seed=1, with_bias=True)
         x, w, ids = case_inputs(prefill, 1)
         out = backend.forward(backend.prepare(ckpt), x.cuda(), w.cuda(), ids.cuda())
         torch.cuda.synchronize()
         kernels = [getattr(backend.last_compiled.get(g), "name", None) for g in ("w13", "w2")]
-        print(backend.name, "gluon bf16 prefill", act, "block_m", bm, kernels, tuple(out.shape),
+        print(backend.name, "gluon bf16 prefill", act, "block_m", bm, "persistent", persistent, kernels, tuple(out.shape),
               bool(torch.isfinite(out).all()))
     # persistent grids of moe_gemm_kernel (tiles' persistent): 2 programs (a one-multiprocessor GPU, as far as the
     # launch knows), each looping over many tiles, the used blocks' count read on the device; with tails and by TMA

@@ -856,91 +856,122 @@ def _bf16_first_output(g_col0, t: gl.constexpr, j: gl.constexpr, GATED: gl.const
 
 
 @gluon.jit
-def _bf16_producer(w_desc, a_ptr, sorted_rows_ptr, n_pairs, a_row_div, K, N_OUT, w_s, x_s, ready, empty, pid_m,
-                   w_row, g_col0, n_steps, GATED: gl.constexpr, PAIRS: gl.constexpr, STAGES: gl.constexpr,
-                   BM: gl.constexpr, BK: gl.constexpr, XL: gl.constexpr):
-    """Each K step's four weight boxes (TMA) and the block's BM activation rows (cp.async, zeros past K and for
-    the padding rows) into ring slot step % STAGES, once both consumer warpgroups have released it."""
-    pair = gl.load(sorted_rows_ptr + pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, XL)))
-    cols = gl.arange(0, BK, layout=gl.SliceLayout(0, XL))
-    x_ptrs = a_ptr + (pair // a_row_div).to(gl.int64)[:, None] * K + cols[None, :]
-    row_ok = (pair < n_pairs)[:, None]
-    for i in range(n_steps):
-        s = i % STAGES
-        mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)  # the first pass finds every slot free
-        k = i * BK
-        _cp_async(x_s.index(s), x_ptrs + k, mask=row_ok & (k + cols < K)[None, :])
-        async_copy.mbarrier_arrive(ready.index(s), increment_count=False)  # (see _producer)
-        mbarrier.expect(ready.index(s), 4 * w_desc.block_type.nbytes)
-        for t in gl.static_range(2):
-            for j in gl.static_range(2):
-                row, col = _bf16_box(w_row, g_col0, k, K, N_OUT, t, j, GATED, PAIRS)
-                _tma_load(w_desc, [row, col], ready.index(s), w_s.index(s * 4 + 2 * t + j))
-
-
-@gluon.jit
-def _bf16_consumer(w_s, x_s, ready, empty, n_steps, sorted_rows_ptr, n_pairs, N_OUT, N_ROWS, pid_m, g_col0,
-                   block_expert_ptr, final_ptr, a_scale_ptr, expert_scale_ptr, bias_ptr, q_scale_ptr, alpha, beta,
-                   beta_lin, limit, T: gl.constexpr, GATED: gl.constexpr, STAGES: gl.constexpr, BM: gl.constexpr,
-                   ACC_L: gl.constexpr, A_SCALE: gl.constexpr, HAS_EXPERT_SCALE: gl.constexpr,
-                   HAS_BIAS: gl.constexpr, INTERLEAVED: gl.constexpr, ACT: gl.constexpr, APPLY_ACT: gl.constexpr,
-                   HAS_LIMIT: gl.constexpr, QUANT_NVFP4: gl.constexpr):
-    """Consumer warpgroup T: two [64 rows, BM pairs] accumulators (gated: its 64 outputs' gate and up rows;
-    ungated: two 64-row tiles) from wgmma with both operands in shared memory; a step's two MMA groups stay in
-    flight while the next step's are issued (the slot before is released once they complete); then
-    moe_gemm_kernel's epilogue from the accumulators (_direct_epilogue)."""
-    acc_a = gl.zeros([64, BM], gl.float32, ACC_L)
-    acc_b = gl.zeros([64, BM], gl.float32, ACC_L)
-    for i in range(n_steps):
-        s = i % STAGES
-        mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-        fence_async_shared()  # the activation rows came by cp.async (generic proxy); wgmma reads them (async)
-        xt = x_s.index(s).permute((1, 0))
-        acc_a = warpgroup_mma(w_s.index(s * 4 + 2 * T), xt, acc_a, is_async=True)
-        acc_b = warpgroup_mma(w_s.index(s * 4 + 2 * T + 1), xt, acc_b, is_async=True)
-        acc_a, acc_b = warpgroup_mma_wait(2, deps=[acc_a, acc_b])  # the step before is complete
-        mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), pred=i > 0)
-    acc_a, acc_b = warpgroup_mma_wait(0, deps=[acc_a, acc_b])
-    if GATED:
-        _direct_epilogue(acc_a, acc_b, sorted_rows_ptr, n_pairs, N_OUT, pid_m, _bf16_first_output(g_col0, T, 0, GATED),
-                         GATED, BM, block_expert_ptr, final_ptr, a_scale_ptr, expert_scale_ptr, bias_ptr, q_scale_ptr,
-                         N_ROWS, alpha, beta, beta_lin, limit, A_SCALE, HAS_EXPERT_SCALE, HAS_BIAS, INTERLEAVED, ACT,
-                         APPLY_ACT, HAS_LIMIT, QUANT_NVFP4)
-    else:
-        _direct_epilogue(acc_a, acc_a, sorted_rows_ptr, n_pairs, N_OUT, pid_m, _bf16_first_output(g_col0, T, 0, GATED),
-                         GATED, BM, block_expert_ptr, final_ptr, a_scale_ptr, expert_scale_ptr, bias_ptr, q_scale_ptr,
-                         N_ROWS, alpha, beta, beta_lin, limit, A_SCALE, HAS_EXPERT_SCALE, HAS_BIAS, INTERLEAVED, ACT,
-                         APPLY_ACT, HAS_LIMIT, QUANT_NVFP4)
-        _direct_epilogue(acc_b, acc_b, sorted_rows_ptr, n_pairs, N_OUT, pid_m, _bf16_first_output(g_col0, T, 1, GATED),
-                         GATED, BM, block_expert_ptr, final_ptr, a_scale_ptr, expert_scale_ptr, bias_ptr, q_scale_ptr,
-                         N_ROWS, alpha, beta, beta_lin, limit, A_SCALE, HAS_EXPERT_SCALE, HAS_BIAS, INTERLEAVED, ACT,
-                         APPLY_ACT, HAS_LIMIT, QUANT_NVFP4)
-
-
-@gluon.jit
-def bf16_prefill_kernel(w_desc, a_ptr, sorted_rows_ptr, block_expert_ptr, n_pairs, a_row_div, N_OUT, N_ROWS, K,
-                        final_ptr, a_scale_ptr, expert_scale_ptr, bias_ptr, q_scale_ptr, alpha, beta, beta_lin,
-                        limit, GATED: gl.constexpr, PAIRS: gl.constexpr, STAGES: gl.constexpr, BM: gl.constexpr,
-                        BK: gl.constexpr, ACC_L: gl.constexpr, XS: gl.constexpr, XL: gl.constexpr,
-                        PW: gl.constexpr, PREGS: gl.constexpr, SREGS: gl.constexpr, GROUP_M: gl.constexpr,
-                        A_SCALE: gl.constexpr, HAS_EXPERT_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr,
-                        INTERLEAVED: gl.constexpr, ACT: gl.constexpr, APPLY_ACT: gl.constexpr,
-                        HAS_LIMIT: gl.constexpr, QUANT_NVFP4: gl.constexpr):
-    """moe_gemm_kernel's bf16 GEMM of expert block program_id(0) (BM pairs) and 128 outputs (gated: gate and up rows
-    of each) or 256 (ungated) program_id(1), the whole K, written through its epilogue: a PW-warp producer
-    partition streams each K step's weights (four [64, BK] TMA boxes) and activation rows (cp.async) into a
-    STAGES-deep ring, two consumer warpgroups issue the wgmma from there (_bf16_consumer). The operands and the
-    epilogue are moe_gemm_kernel's (block_expert -1: a padding block, nothing to do); GROUP_M orders the programs
-    in groups of expert blocks (grouped_tile_order)."""
-    pid_m = gl.program_id(0)
-    pid_n = gl.program_id(1)
+def _bf16_item(w, n_blocks, N_OUT, GATED: gl.constexpr, GROUP_M: gl.constexpr):
+    """Work item w as the plain 2-D grid's program (expert block fastest, as a grid's x runs), in GROUP_M's order:
+    (expert block, first output of the program)."""
+    wide: gl.constexpr = BF16_GATED_OUTPUTS if GATED else BF16_UNGATED_OUTPUTS
+    n_n = gl.cdiv(N_OUT, wide)
+    pid_m = w % n_blocks
+    pid_n = w // n_blocks
     if GROUP_M:
-        pid_m, pid_n = _grouped_tile_order(pid_m, pid_n, gl.num_programs(0), gl.num_programs(1), GROUP_M)
-    expert = gl.load(block_expert_ptr + pid_m)
-    if expert >= 0:
-        g_col0 = pid_n * (BF16_GATED_OUTPUTS if GATED else BF16_UNGATED_OUTPUTS)
-        w_row = expert * (N_OUT if PAIRS else N_ROWS)
-        n_steps = gl.cdiv(K, BK)
+        pid_m, pid_n = _grouped_tile_order(pid_m, pid_n, n_blocks, n_n, GROUP_M)
+    return pid_m, pid_n * wide
+
+
+@gluon.jit
+def _bf16_producer(w_desc, a_ptr, sorted_rows_ptr, block_expert_ptr, n_blocks, n_items, n_pairs, a_row_div, K, N_OUT,
+                   N_ROWS, w_s, x_s, ready, empty, GATED: gl.constexpr, PAIRS: gl.constexpr, STAGES: gl.constexpr,
+                   BM: gl.constexpr, BK: gl.constexpr, XL: gl.constexpr, GROUP_M: gl.constexpr):
+    """The program's work items (program_id, + num_programs, ...: one on the plain grid): each K step's four weight
+    boxes (TMA) and the block's BM activation rows (cp.async, zeros past K and for the padding rows) into the ring,
+    whose position runs on from item to item, a slot once both consumer warpgroups have released it; the next item's
+    first steps load while the consumers still finish the one before."""
+    n_steps = gl.cdiv(K, BK)
+    cols = gl.arange(0, BK, layout=gl.SliceLayout(0, XL))
+    it = 0
+    for w in range(gl.program_id(0), n_items, gl.num_programs(0)):
+        pid_m, g_col0 = _bf16_item(w, n_blocks, N_OUT, GATED, GROUP_M)
+        expert = gl.load(block_expert_ptr + pid_m)
+        if expert >= 0:
+            w_row = expert * (N_OUT if PAIRS else N_ROWS)
+            pair = gl.load(sorted_rows_ptr + pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, XL)))
+            x_ptrs = a_ptr + (pair // a_row_div).to(gl.int64)[:, None] * K + cols[None, :]
+            row_ok = (pair < n_pairs)[:, None]
+            for i in range(n_steps):
+                s = (it + i) % STAGES
+                mbarrier.wait(empty.index(s), (((it + i) // STAGES) & 1) ^ 1)  # the first pass finds every slot free
+                k = i * BK
+                _cp_async(x_s.index(s), x_ptrs + k, mask=row_ok & (k + cols < K)[None, :])
+                async_copy.mbarrier_arrive(ready.index(s), increment_count=False)  # (see _producer)
+                mbarrier.expect(ready.index(s), 4 * w_desc.block_type.nbytes)
+                for t in gl.static_range(2):
+                    for j in gl.static_range(2):
+                        row, col = _bf16_box(w_row, g_col0, k, K, N_OUT, t, j, GATED, PAIRS)
+                        _tma_load(w_desc, [row, col], ready.index(s), w_s.index(s * 4 + 2 * t + j))
+            it += n_steps
+
+
+@gluon.jit
+def _bf16_consumer(w_s, x_s, ready, empty, block_expert_ptr, n_blocks, n_items, K, sorted_rows_ptr, n_pairs, N_OUT,
+                   N_ROWS, final_ptr, a_scale_ptr, expert_scale_ptr, bias_ptr, q_scale_ptr, alpha, beta, beta_lin,
+                   limit, T: gl.constexpr, GATED: gl.constexpr, STAGES: gl.constexpr, BM: gl.constexpr,
+                   BK: gl.constexpr, ACC_L: gl.constexpr, GROUP_M: gl.constexpr, A_SCALE: gl.constexpr,
+                   HAS_EXPERT_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, INTERLEAVED: gl.constexpr,
+                   ACT: gl.constexpr, APPLY_ACT: gl.constexpr, HAS_LIMIT: gl.constexpr, QUANT_NVFP4: gl.constexpr):
+    """Consumer warpgroup T over the program's work items (as _bf16_producer's): two [64 rows, BM pairs]
+    accumulators (gated: its 64 outputs' gate and up rows; ungated: two 64-row tiles) from wgmma with both operands
+    in shared memory, a step's two MMA groups in flight while the next step's issue (the slot before is released
+    once they complete, an item's last slot after its final wait); then moe_gemm_kernel's epilogue from the
+    accumulators (_direct_epilogue)."""
+    n_steps = gl.cdiv(K, BK)
+    it = 0
+    for w in range(gl.program_id(0), n_items, gl.num_programs(0)):
+        pid_m, g_col0 = _bf16_item(w, n_blocks, N_OUT, GATED, GROUP_M)
+        if gl.load(block_expert_ptr + pid_m) >= 0:
+            acc_a = gl.zeros([64, BM], gl.float32, ACC_L)
+            acc_b = gl.zeros([64, BM], gl.float32, ACC_L)
+            for i in range(n_steps):
+                s = (it + i) % STAGES
+                mbarrier.wait(ready.index(s), ((it + i) // STAGES) & 1)
+                fence_async_shared()  # the activation rows came by cp.async (generic proxy); wgmma reads them (async)
+                xt = x_s.index(s).permute((1, 0))
+                acc_a = warpgroup_mma(w_s.index(s * 4 + 2 * T), xt, acc_a, is_async=True)
+                acc_b = warpgroup_mma(w_s.index(s * 4 + 2 * T + 1), xt, acc_b, is_async=True)
+                acc_a, acc_b = warpgroup_mma_wait(2, deps=[acc_a, acc_b])  # the step before is complete
+                mbarrier.arrive(empty.index((it + i + STAGES - 1) % STAGES), pred=i > 0)
+            acc_a, acc_b = warpgroup_mma_wait(0, deps=[acc_a, acc_b])
+            mbarrier.arrive(empty.index((it + n_steps - 1) % STAGES))  # the item's last slot
+            it += n_steps
+            if GATED:
+                _direct_epilogue(acc_a, acc_b, sorted_rows_ptr, n_pairs, N_OUT, pid_m,
+                                 _bf16_first_output(g_col0, T, 0, GATED), GATED, BM, block_expert_ptr, final_ptr,
+                                 a_scale_ptr, expert_scale_ptr, bias_ptr, q_scale_ptr, N_ROWS, alpha, beta, beta_lin,
+                                 limit, A_SCALE, HAS_EXPERT_SCALE, HAS_BIAS, INTERLEAVED, ACT, APPLY_ACT, HAS_LIMIT,
+                                 QUANT_NVFP4)
+            else:
+                _direct_epilogue(acc_a, acc_a, sorted_rows_ptr, n_pairs, N_OUT, pid_m,
+                                 _bf16_first_output(g_col0, T, 0, GATED), GATED, BM, block_expert_ptr, final_ptr,
+                                 a_scale_ptr, expert_scale_ptr, bias_ptr, q_scale_ptr, N_ROWS, alpha, beta, beta_lin,
+                                 limit, A_SCALE, HAS_EXPERT_SCALE, HAS_BIAS, INTERLEAVED, ACT, APPLY_ACT, HAS_LIMIT,
+                                 QUANT_NVFP4)
+                _direct_epilogue(acc_b, acc_b, sorted_rows_ptr, n_pairs, N_OUT, pid_m,
+                                 _bf16_first_output(g_col0, T, 1, GATED), GATED, BM, block_expert_ptr, final_ptr,
+                                 a_scale_ptr, expert_scale_ptr, bias_ptr, q_scale_ptr, N_ROWS, alpha, beta, beta_lin,
+                                 limit, A_SCALE, HAS_EXPERT_SCALE, HAS_BIAS, INTERLEAVED, ACT, APPLY_ACT, HAS_LIMIT,
+                                 QUANT_NVFP4)
+
+
+@gluon.jit
+def bf16_prefill_kernel(w_desc, a_ptr, sorted_rows_ptr, block_expert_ptr, n_blocks, n_items, n_pairs, a_row_div, N_OUT,
+                        N_ROWS, K, final_ptr, a_scale_ptr, expert_scale_ptr, bias_ptr, q_scale_ptr, alpha, beta,
+                        beta_lin, limit, GATED: gl.constexpr, PAIRS: gl.constexpr, STAGES: gl.constexpr,
+                        BM: gl.constexpr, BK: gl.constexpr, ACC_L: gl.constexpr, XS: gl.constexpr, XL: gl.constexpr,
+                        PW: gl.constexpr, PREGS: gl.constexpr, SREGS: gl.constexpr, GROUP_M: gl.constexpr,
+                        PERSIST: gl.constexpr, A_SCALE: gl.constexpr, HAS_EXPERT_SCALE: gl.constexpr,
+                        HAS_BIAS: gl.constexpr, INTERLEAVED: gl.constexpr, ACT: gl.constexpr,
+                        APPLY_ACT: gl.constexpr, HAS_LIMIT: gl.constexpr, QUANT_NVFP4: gl.constexpr):
+    """moe_gemm_kernel's bf16 GEMM, n_items = n_blocks expert blocks (BM pairs each) x the GEMM's programs of 128
+    outputs (gated: gate and up rows of each) or 256 (ungated), the whole K an item, written through its epilogue: a
+    PW-warp producer partition streams each K step's weights (four [64, BK] TMA boxes) and activation rows (cp.async)
+    into a STAGES-deep ring, two consumer warpgroups issue the wgmma from there (_bf16_consumer). The operands and
+    the epilogue are moe_gemm_kernel's (block_expert -1: a padding block, nothing to do); GROUP_M orders the items in
+    groups of expert blocks (grouped_tile_order). The grid: one program an item, or PERSIST: fewer, each running the
+    items program_id, + num_programs, ... on one ring (the next item's loads under the last one's MMAs and
+    epilogue)."""
+    go = True
+    if not PERSIST:  # a padding block's program returns before it sets anything up
+        go = gl.load(block_expert_ptr + _bf16_item(gl.program_id(0), n_blocks, N_OUT, GATED, GROUP_M)[0]) >= 0
+    if go:
         w_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES * 4, 64, BK], w_desc.layout)
         x_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BK], XS)
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -949,27 +980,31 @@ def bf16_prefill_kernel(w_desc, a_ptr, sorted_rows_ptr, block_expert_ptr, n_pair
             mbarrier.init(ready.index(s), count=32 * PW + 1)  # a cp.async arrive a producer thread, expect's
             mbarrier.init(empty.index(s), count=2)  # both consumer warpgroups release the slot
         gl.warp_specialize(
-            [(_bf16_consumer, (w_s, x_s, ready, empty, n_steps, sorted_rows_ptr, n_pairs, N_OUT, N_ROWS, pid_m, g_col0,
-                               block_expert_ptr, final_ptr, a_scale_ptr, expert_scale_ptr, bias_ptr, q_scale_ptr,
-                               alpha, beta, beta_lin, limit, 0, GATED, STAGES, BM, ACC_L, A_SCALE, HAS_EXPERT_SCALE,
-                               HAS_BIAS, INTERLEAVED, ACT, APPLY_ACT, HAS_LIMIT, QUANT_NVFP4)),
-             (_bf16_consumer, (w_s, x_s, ready, empty, n_steps, sorted_rows_ptr, n_pairs, N_OUT, N_ROWS, pid_m, g_col0,
-                               block_expert_ptr, final_ptr, a_scale_ptr, expert_scale_ptr, bias_ptr, q_scale_ptr,
-                               alpha, beta, beta_lin, limit, 1, GATED, STAGES, BM, ACC_L, A_SCALE, HAS_EXPERT_SCALE,
-                               HAS_BIAS, INTERLEAVED, ACT, APPLY_ACT, HAS_LIMIT, QUANT_NVFP4)),
-             (_bf16_producer, (w_desc, a_ptr, sorted_rows_ptr, n_pairs, a_row_div, K, N_OUT, w_s, x_s, ready, empty,
-                               pid_m, w_row, g_col0, n_steps, GATED, PAIRS, STAGES, BM, BK, XL))],
+            [(_bf16_consumer, (w_s, x_s, ready, empty, block_expert_ptr, n_blocks, n_items, K, sorted_rows_ptr,
+                               n_pairs, N_OUT, N_ROWS, final_ptr, a_scale_ptr, expert_scale_ptr, bias_ptr,
+                               q_scale_ptr, alpha, beta, beta_lin, limit, 0, GATED, STAGES, BM, BK, ACC_L, GROUP_M,
+                               A_SCALE, HAS_EXPERT_SCALE, HAS_BIAS, INTERLEAVED, ACT, APPLY_ACT, HAS_LIMIT,
+                               QUANT_NVFP4)),
+             (_bf16_consumer, (w_s, x_s, ready, empty, block_expert_ptr, n_blocks, n_items, K, sorted_rows_ptr,
+                               n_pairs, N_OUT, N_ROWS, final_ptr, a_scale_ptr, expert_scale_ptr, bias_ptr,
+                               q_scale_ptr, alpha, beta, beta_lin, limit, 1, GATED, STAGES, BM, BK, ACC_L, GROUP_M,
+                               A_SCALE, HAS_EXPERT_SCALE, HAS_BIAS, INTERLEAVED, ACT, APPLY_ACT, HAS_LIMIT,
+                               QUANT_NVFP4)),
+             (_bf16_producer, (w_desc, a_ptr, sorted_rows_ptr, block_expert_ptr, n_blocks, n_items, n_pairs,
+                               a_row_div, K, N_OUT, N_ROWS, w_s, x_s, ready, empty, GATED, PAIRS, STAGES, BM, BK, XL,
+                               GROUP_M))],
             [4, PW], [SREGS, PREGS])
 
 
 def launch_bf16_prefill(launcher, w, a, sorted_rows, block_expert, n_pairs: int, a_row_div: int, n_out: int,
                         n_rows: int, k_dim: int, gated: bool, interleaved: bool, direct: dict, stages: int, bm: int,
-                        maxnreg: int, group_m: int = 0, producer: tuple = (4, 56)):
+                        maxnreg: int, group_m: int = 0, persistent: int = 0, producer: tuple = (4, 56)):
     """One launch of bf16_prefill_kernel through `launcher` (triton_kernels' attribute, for compile_check): w the
     GEMM's bf16 weights [E, n_rows, k_dim] (gated: gate and up halves, or interleaved rows), a its activation rows
     (pair // a_row_div), direct the epilogue's operands and flags (as launch_bitplace_partials' direct); bm pairs an
     expert block (64 or 128: the wgmma's N), stages the ring's depth, maxnreg the first consumer's registers (the
-    second gets (3 maxnreg - producer registers) / 2, rounded down to 8), producer (warps, registers)."""
+    second gets (3 maxnreg - producer registers) / 2, rounded down to 8), group_m the items' order, persistent 0 (a
+    program an item) or that many programs, producer (warps, registers)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     e = w.shape[0]
@@ -990,8 +1025,11 @@ def launch_bf16_prefill(launcher, w, a, sorted_rows, block_expert, n_pairs: int,
     warps, regs = producer
     x_load = gl.BlockedLayout([1, 8], [32 * 8 // BF16_BLOCK_K, BF16_BLOCK_K // 8], [warps, 1], [1, 0])
     acc_layout, _ = accumulator_layouts(bm)
-    grid = (block_expert.numel(), -(-n_out // (BF16_GATED_OUTPUTS.value if gated else BF16_UNGATED_OUTPUTS.value)))
-    return launcher[grid](w_desc, a, sorted_rows, block_expert, n_pairs, a_row_div, n_out, n_rows, k_dim,
-                          GATED=gated, PAIRS=pairs, STAGES=stages, BM=bm, BK=BF16_BLOCK_K, ACC_L=acc_layout,
+    n_blocks = block_expert.numel()
+    n_items = n_blocks * -(-n_out // (BF16_GATED_OUTPUTS.value if gated else BF16_UNGATED_OUTPUTS.value))
+    grid = (min(persistent, n_items) if persistent else n_items,)
+    return launcher[grid](w_desc, a, sorted_rows, block_expert, n_blocks, n_items, n_pairs, a_row_div, n_out, n_rows,
+                          k_dim, GATED=gated, PAIRS=pairs, STAGES=stages, BM=bm, BK=BF16_BLOCK_K, ACC_L=acc_layout,
                           XS=X_SMEM, XL=x_load, PW=warps, PREGS=regs, SREGS=(3 * maxnreg - regs) // 2 // 8 * 8,
-                          GROUP_M=group_m, num_warps=4, maxnreg=maxnreg, enable_fp_fusion=False, **direct)
+                          GROUP_M=group_m, PERSIST=int(bool(persistent)), num_warps=4, maxnreg=maxnreg,
+                          enable_fp_fusion=False, **direct)

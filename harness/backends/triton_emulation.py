@@ -134,7 +134,8 @@ TILE_KEYS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "w2_blo
 # and activations: 1 runs each GEMM through gluon_kernels.bf16_prefill_kernel, a producer warpgroup streaming the
 # weights by TMA and the rows by cp.async, two consumer warpgroups issuing wgmma from shared memory, the epilogue
 # from the accumulators; block_m 64 or 128 its expert blocks, 128 outputs a program gated and 256 ungated (resolve_tiles
-# sets block_n / w2_block_n so), num_stages the ring's depth, maxnreg the consumers' register cap), and
+# sets block_n / w2_block_n so), num_stages the ring's depth, maxnreg the consumers' register cap, persistent 1 one
+# program a multiprocessor running the items in turn, the next one's loads under the last one's MMAs and epilogue), and
 # split_k_programs instead: split_k then is the fewest splits that give GEMM1 that many programs (split_k_to_fill),
 # and pdl_bytes: pdl 1 where GEMM2's weights of the call (one expert a pair at most) are at most that many bytes,
 # else 2
@@ -701,8 +702,7 @@ class TritonEmulationBackend:
             (self.device != "cpu" and detect_platform().name != "sm90", "Hopper's wgmma and TMA (sm90)"),
             (ckpt.scheme.weight is not None or ckpt.scheme.act is not None or a_mode != 0
              or quantize_nvfp4 is not None, "bf16 weights and activations"),
-            ((tiles.get("split_k") or 1) != 1 or tiles.get("tail_m") or tiles.get("persistent"),
-             "the whole K a program on the plain grid (no split_k, tail_m or persistent)"),
+            ((tiles.get("split_k") or 1) != 1 or tiles.get("tail_m"), "the whole K an item (no split_k or tail_m)"),
             (block_n != wide, f"{wide} outputs a program ({which}'s block_n {block_n})"),
             (tiles["block_m"] not in (64, 128), f"block_m 64 or 128 (got {tiles['block_m']})")) if bad]
         if problems:
@@ -716,9 +716,11 @@ class TritonEmulationBackend:
                 serial=None, ids=None, direct=None):
             if a.data_ptr() % 16 or a.stride() != (k_dim, 1):  # cp.async moves 16-byte runs of whole rows
                 a = a.clone(memory_format=torch.contiguous_format)
+            # persistent: that many programs a multiprocessor (one fits: 192-224 KB of ring and epilogue scratch)
+            programs = tiles["persistent"] * multiprocessors(a.device) if tiles.get("persistent") else 0
             return launch_bf16_prefill(K.bf16_prefill_kernel, w, a, sorted_rows, block_expert, n_pairs, a_row_div,
                                        n_out, n_rows, k_dim, gated, ckpt.activation.interleaved, direct, stages, bm,
-                                       maxnreg, tiles.get("group_m") or 0)
+                                       maxnreg, tiles.get("group_m") or 0, programs)
         run.direct = True  # the outputs from the accumulators: no partial sums, no epilogue launch after
         return run
 

@@ -16,8 +16,8 @@
 #   triton_emulation's bf16 prefill through the Gluon kernel (gluon_bf16, MOE_CONFORMANCE_GLUON_BF16=1):
 #   PART=bbfb      ~3 min: suites/test_triton_helpers.py's GPU test (conformance and bit for bit against the bf16 row at
 #                  1200 pairs), then bit for bit at each model's sizes (8 experts, 300 and 2048 tokens, block_m 64 and 128)
-#   PART=btime     ~4 min: replay wall time at 8192 tokens, the bf16 row against gluon_bf16 at 128- and 64-pair blocks,
-#                  both models (MODELS= to limit)
+#   PART=btime     ~5 min: replay wall time at 8192 tokens, the bf16 row against gluon_bf16 at 128-pair blocks (a
+#                  program an item, and persistent) and 64 (persistent), both models (MODELS= to limit)
 export PYTHONUNBUFFERED=1
 BF16_ROW="block_m=128 block_n=128 block_k=64 num_warps=8 num_stages=4 group_m=8 tma=2 w2_block_n=256 tail_m=64 inline_tails=1"
 BF16_GLUON="block_m=128 block_n=128 block_k=64 num_warps=4 num_stages=4 maxnreg=168 group_m=8 w2_block_n=256 gluon_bf16=1"
@@ -66,12 +66,13 @@ case $part in
     for model in gpt-oss-120b kimi-k2; do
       timeout 150 python3 tools/bit_for_bit.py --model $model --scheme bf16 --tokens 300 2048 --ref triton_emulation \
         $(flags ref-config $BF16_ROW) --backend triton_emulation $(flags config $BF16_GLUON) --sweep block_m=128,64 \
+        --sweep persistent=0,1 \
         > $OUT/f/bf16-bfb-$model.log 2>&1
       echo "bf16 bit for bit $model: rc=$?"; grep -E "bit for bit|Error|error" $OUT/f/bf16-bfb-$model.log | head -5
     done ;;
   btime)
     for model in ${MODELS:-gpt-oss-120b kimi-k2}; do
-      for cfg in "$BF16_ROW" "$BF16_GLUON" "${BF16_GLUON/block_m=128/block_m=64}"; do
+      for cfg in "$BF16_ROW" "$BF16_GLUON" "$BF16_GLUON persistent=1" "${BF16_GLUON/block_m=128/block_m=64} persistent=1"; do
         timeout 200 python3 tools/chain_timeline.py --model $model --scheme bf16 --tokens 8192 \
           --backend triton_emulation --replays 5 $(flags config $cfg) > $OUT/f/bf16-time.log 2>&1
         echo "$model [$cfg]: rc=$? $(grep -o 'median replay [0-9.]* us wall' $OUT/f/bf16-time.log)"
