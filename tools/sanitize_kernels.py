@@ -213,35 +213,29 @@ def main() -> int:
     # program, the epilogue from the accumulators, a 4-warp producer): 600 tokens x 2 (1200 pairs: align_layouts'
     # blocks, partly filled), GEMM1's K of 1.5 chunks, GEMM2's last program's second tile past its 192 rows; MXFP4,
     # NVFP4 and NVFP4 W4A4 (GEMM2's input quantized in GEMM1's epilogue)
-    prefill = Shape(num_experts=4, hidden_size=192, intermediate_size=384, tokens=600, top_k=2)
-    for bm, block_n, scheme in ((64, 128, "w_mxfp4"), (128, 128, "w_nvfp4"), (64, 64, "w_nvfp4_a_nvfp4")):
-        backend = _bitplace(gluon=True).configure(block_m=bm, block_n=block_n, block_k=128, num_warps=4, num_stages=3,
-                                                  maxnreg=168 if block_n == 128 else 128, group_m=4, gluon_prefill=1,
-                                                  tile_major=1)
-        ckpt = make_checkpoint(scheme, "SWIGLUOAI", prefill.num_experts, prefill.hidden_size,
-                               prefill.intermediate_size, seed=1, with_bias=True)
-        x, w, ids = case_inputs(prefill, 1)
-        out = backend.forward(backend.prepare(ckpt), x.cuda(), w.cuda(), ids.cuda())
-        torch.cuda.synchronize()
-        kernels = [getattr(backend.last_compiled.get(g), "name", None) for g in ("w13", "w2")]
-        print(backend.name, "gluon prefill", scheme, "block_m", bm, "block_n", block_n, kernels, tuple(out.shape),
-              bool(torch.isfinite(out).all()))
     # bf16 prefill through the Gluon kernel (gluon_bf16): the same 1200 pairs, gate and up rows interleaved (row pairs)
-    # at 128-pair blocks, in halves at 64 on a persistent grid, ungated at 64 (GEMM1 of 256 outputs a program, its last 128 past its 384
-    # rows); GEMM2's one program of 256 outputs over 192 (TMA's zeros past them), its K 6 steps
+    # at 128-pair blocks, in halves at 64 on a persistent grid, ungated at 64 (GEMM1 of 256 outputs a program, its
+    # last 128 past its 384 rows); GEMM2's one program of 256 outputs over 192 (TMA's zeros past them), its K 6 steps
     from harness.backends.triton_emulation import GLUON_BF16_TILES
 
-    for bm, act, persistent in ((128, "SWIGLUOAI", 0), (64, "SILU", 1), (64, "SILU_NO_MUL", 0)):
-        backend = TritonEmulationBackend().configure(**dict(GLUON_BF16_TILES, block_m=bm, num_stages=3, group_m=4,
-                                                            persistent=persistent))
-        ckpt = make_checkpoint("bf16", act, prefill.num_experts, prefill.hidden_size, prefill.intermediate_size,
+    prefill = Shape(num_experts=4, hidden_size=192, intermediate_size=384, tokens=600, top_k=2)
+    runs = [(f"gluon prefill {scheme} block_m {bm} block_n {block_n}", "SWIGLUOAI", scheme,
+             _bitplace(gluon=True).configure(block_m=bm, block_n=block_n, block_k=128, num_warps=4, num_stages=3,
+                                             maxnreg=168 if block_n == 128 else 128, group_m=4, gluon_prefill=1,
+                                             tile_major=1))
+            for bm, block_n, scheme in ((64, 128, "w_mxfp4"), (128, 128, "w_nvfp4"), (64, 64, "w_nvfp4_a_nvfp4"))]
+    runs += [(f"gluon bf16 prefill {act} block_m {bm} persistent {persistent}", act, "bf16",
+              TritonEmulationBackend().configure(**dict(GLUON_BF16_TILES, block_m=bm, num_stages=3, group_m=4,
+                                                        persistent=persistent)))
+             for bm, act, persistent in ((128, "SWIGLUOAI", 0), (64, "SILU", 1), (64, "SILU_NO_MUL", 0))]
+    for label, act, scheme, backend in runs:
+        ckpt = make_checkpoint(scheme, act, prefill.num_experts, prefill.hidden_size, prefill.intermediate_size,
                                seed=1, with_bias=True)
         x, w, ids = case_inputs(prefill, 1)
         out = backend.forward(backend.prepare(ckpt), x.cuda(), w.cuda(), ids.cuda())
         torch.cuda.synchronize()
         kernels = [getattr(backend.last_compiled.get(g), "name", None) for g in ("w13", "w2")]
-        print(backend.name, "gluon bf16 prefill", act, "block_m", bm, "persistent", persistent, kernels, tuple(out.shape),
-              bool(torch.isfinite(out).all()))
+        print(backend.name, label, kernels, tuple(out.shape), bool(torch.isfinite(out).all()))
     # persistent grids of moe_gemm_kernel (tiles' persistent): 2 programs (a one-multiprocessor GPU, as far as the
     # launch knows), each looping over many tiles, the used blocks' count read on the device; with tails and by TMA
     from harness.backends import triton_emulation

@@ -82,7 +82,7 @@ case $part in
   gmemcheck)
     timeout 240 compute-sanitizer --tool memcheck python3 tools/sanitize_kernels.py > $OUT/f/memcheck.log 2>&1
     echo "memcheck: rc=$? $(grep -E 'ERROR SUMMARY' $OUT/f/memcheck.log | tail -1)"
-    grep -E "gluon prefill|tile-major" $OUT/f/memcheck.log | head -8 ;;
+    grep -E "gluon (bf16 )?prefill|tile-major" $OUT/f/memcheck.log | head -12 ;;
   bench)  # run-35's bench part (its files in its own tar) with the prefill row on and its rows in the filter
     MOE_CONFORMANCE_GLUON_PREFILL=1 BENCH_FILTER='(gpt-oss-120b or kimi-k2) and (T1/ or T8/ or T64/ or T8192/) and ((w_mxfp4/ or w_nvfp4/ or w_nvfp4_a_nvfp4/) and (triton_bitplace_gluon or triton_bitplace and T8192/) or bf16/ and (triton_emulation or torch_grouped_mm) or triton_kernels_ogs and not T8192/)' \
       PART=bench bash results/gpu-issue28/run-35/run-35.sh ;;
