@@ -213,9 +213,10 @@ def main() -> int:
     # program, the epilogue from the accumulators, a 4-warp producer): 600 tokens x 2 (1200 pairs: align_layouts'
     # blocks, partly filled), GEMM1's K of 1.5 chunks, GEMM2's last program's second tile past its 192 rows; MXFP4,
     # NVFP4 and NVFP4 W4A4 (GEMM2's input quantized in GEMM1's epilogue)
-    # bf16 prefill through the Gluon kernel (gluon_bf16): the same 1200 pairs, gate and up rows interleaved (row pairs)
-    # at 128-pair blocks, in halves at 64 on a persistent grid, ungated at 64 (GEMM1 of 256 outputs a program, its
-    # last 128 past its 384 rows); GEMM2's one program of 256 outputs over 192 (TMA's zeros past them), its K 6 steps
+    # bf16 prefill through the Gluon kernel (gluon_bf16): the same 1200 pairs (300 an expert: two full 128-pair blocks
+    # and a short one inline), gate and up rows interleaved (row pairs) at 128-pair blocks with tails, in halves at 64
+    # on a persistent grid and at 128 with tails, ungated at 64 (GEMM1 of 256 outputs a program, its last 128 past its
+    # 384 rows); GEMM2's one program of 256 outputs over 192 (TMA's zeros past them), its K 6 steps
     from harness.backends.triton_emulation import GLUON_BF16_TILES
 
     prefill = Shape(num_experts=4, hidden_size=192, intermediate_size=384, tokens=600, top_k=2)
@@ -224,10 +225,12 @@ def main() -> int:
                                              maxnreg=168 if block_n == 128 else 128, group_m=4, gluon_prefill=1,
                                              tile_major=1))
             for bm, block_n, scheme in ((64, 128, "w_mxfp4"), (128, 128, "w_nvfp4"), (64, 64, "w_nvfp4_a_nvfp4"))]
-    runs += [(f"gluon bf16 prefill {act} block_m {bm} persistent {persistent}", act, "bf16",
+    runs += [(f"gluon bf16 prefill {act} block_m {bm} persistent {persistent} tail_m {tail}", act, "bf16",
               TritonEmulationBackend().configure(**dict(GLUON_BF16_TILES, block_m=bm, num_stages=3, group_m=4,
-                                                        persistent=persistent)))
-             for bm, act, persistent in ((128, "SWIGLUOAI", 0), (64, "SILU", 1), (64, "SILU_NO_MUL", 0))]
+                                                        persistent=persistent, tail_m=tail,
+                                                        inline_tails=int(tail > 0))))
+             for bm, act, persistent, tail in ((128, "SWIGLUOAI", 0, 64), (64, "SILU", 1, 0), (64, "SILU_NO_MUL", 0, 0),
+                                               (128, "SILU", 1, 64))]
     for label, act, scheme, backend in runs:
         ckpt = make_checkpoint(scheme, act, prefill.num_experts, prefill.hidden_size, prefill.intermediate_size,
                                seed=1, with_bias=True)

@@ -902,62 +902,84 @@ def _bf16_producer(w_desc, a_ptr, sorted_rows_ptr, block_expert_ptr, n_blocks, n
 
 
 @gluon.jit
-def _bf16_consumer(w_s, x_s, ready, empty, block_expert_ptr, n_blocks, n_items, K, sorted_rows_ptr, n_pairs, N_OUT,
-                   N_ROWS, final_ptr, a_scale_ptr, expert_scale_ptr, bias_ptr, q_scale_ptr, alpha, beta, beta_lin,
-                   limit, T: gl.constexpr, GATED: gl.constexpr, STAGES: gl.constexpr, BM: gl.constexpr,
-                   BK: gl.constexpr, ACC_L: gl.constexpr, GROUP_M: gl.constexpr, A_SCALE: gl.constexpr,
+def _bf16_item_gemm(w_s, x_s, ready, empty, it, n_steps, rows_ptr, expert_ptr, n_pairs, N_OUT, N_ROWS, g_col0,
+                    final_ptr, a_scale_ptr, expert_scale_ptr, bias_ptr, q_scale_ptr, alpha, beta, beta_lin, limit,
+                    T: gl.constexpr, GATED: gl.constexpr, STAGES: gl.constexpr, NR: gl.constexpr, ACC_L: gl.constexpr,
+                    A_SCALE: gl.constexpr, HAS_EXPERT_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr,
+                    INTERLEAVED: gl.constexpr, ACT: gl.constexpr, APPLY_ACT: gl.constexpr, HAS_LIMIT: gl.constexpr,
+                    QUANT_NVFP4: gl.constexpr):
+    """One work item of consumer warpgroup T over the block's first NR rows (rows_ptr: its sorted rows, expert_ptr:
+    its expert): two [64 rows, NR pairs] accumulators (gated: its 64 outputs' gate and up rows; ungated: two 64-row
+    tiles) from wgmma with both operands in shared memory, a step's two MMA groups in flight while the next step's
+    issue (the slot before is released once they complete, the item's last slot after its final wait); then
+    moe_gemm_kernel's epilogue from the accumulators (_direct_epilogue)."""
+    acc_a = gl.zeros([64, NR], gl.float32, ACC_L)
+    acc_b = gl.zeros([64, NR], gl.float32, ACC_L)
+    for i in range(n_steps):
+        s = (it + i) % STAGES
+        mbarrier.wait(ready.index(s), ((it + i) // STAGES) & 1)
+        fence_async_shared()  # the activation rows came by cp.async (generic proxy); wgmma reads them (async)
+        xt = x_s.index(s).slice(0, NR).permute((1, 0))
+        acc_a = warpgroup_mma(w_s.index(s * 4 + 2 * T), xt, acc_a, is_async=True)
+        acc_b = warpgroup_mma(w_s.index(s * 4 + 2 * T + 1), xt, acc_b, is_async=True)
+        acc_a, acc_b = warpgroup_mma_wait(2, deps=[acc_a, acc_b])  # the step before is complete
+        mbarrier.arrive(empty.index((it + i + STAGES - 1) % STAGES), pred=i > 0)
+    acc_a, acc_b = warpgroup_mma_wait(0, deps=[acc_a, acc_b])
+    mbarrier.arrive(empty.index((it + n_steps - 1) % STAGES))  # the item's last slot
+    if GATED:
+        _direct_epilogue(acc_a, acc_b, rows_ptr, n_pairs, N_OUT, 0, _bf16_first_output(g_col0, T, 0, GATED), GATED, NR,
+                         expert_ptr, final_ptr, a_scale_ptr, expert_scale_ptr, bias_ptr, q_scale_ptr, N_ROWS, alpha,
+                         beta, beta_lin, limit, A_SCALE, HAS_EXPERT_SCALE, HAS_BIAS, INTERLEAVED, ACT, APPLY_ACT,
+                         HAS_LIMIT, QUANT_NVFP4)
+    else:
+        _direct_epilogue(acc_a, acc_a, rows_ptr, n_pairs, N_OUT, 0, _bf16_first_output(g_col0, T, 0, GATED), GATED, NR,
+                         expert_ptr, final_ptr, a_scale_ptr, expert_scale_ptr, bias_ptr, q_scale_ptr, N_ROWS, alpha,
+                         beta, beta_lin, limit, A_SCALE, HAS_EXPERT_SCALE, HAS_BIAS, INTERLEAVED, ACT, APPLY_ACT,
+                         HAS_LIMIT, QUANT_NVFP4)
+        _direct_epilogue(acc_b, acc_b, rows_ptr, n_pairs, N_OUT, 0, _bf16_first_output(g_col0, T, 1, GATED), GATED, NR,
+                         expert_ptr, final_ptr, a_scale_ptr, expert_scale_ptr, bias_ptr, q_scale_ptr, N_ROWS, alpha,
+                         beta, beta_lin, limit, A_SCALE, HAS_EXPERT_SCALE, HAS_BIAS, INTERLEAVED, ACT, APPLY_ACT,
+                         HAS_LIMIT, QUANT_NVFP4)
+
+
+@gluon.jit
+def _bf16_consumer(w_s, x_s, ready, empty, block_expert_ptr, block_short_ptr, n_blocks, n_items, K, sorted_rows_ptr,
+                   n_pairs, N_OUT, N_ROWS, final_ptr, a_scale_ptr, expert_scale_ptr, bias_ptr, q_scale_ptr, alpha,
+                   beta, beta_lin, limit, T: gl.constexpr, GATED: gl.constexpr, STAGES: gl.constexpr,
+                   BM: gl.constexpr, BK: gl.constexpr, ACC_L: gl.constexpr, ACC_T: gl.constexpr,
+                   GROUP_M: gl.constexpr, INLINE: gl.constexpr, A_SCALE: gl.constexpr,
                    HAS_EXPERT_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, INTERLEAVED: gl.constexpr,
                    ACT: gl.constexpr, APPLY_ACT: gl.constexpr, HAS_LIMIT: gl.constexpr, QUANT_NVFP4: gl.constexpr):
-    """Consumer warpgroup T over the program's work items (as _bf16_producer's): two [64 rows, BM pairs]
-    accumulators (gated: its 64 outputs' gate and up rows; ungated: two 64-row tiles) from wgmma with both operands
-    in shared memory, a step's two MMA groups in flight while the next step's issue (the slot before is released
-    once they complete, an item's last slot after its final wait); then moe_gemm_kernel's epilogue from the
-    accumulators (_direct_epilogue)."""
+    """Consumer warpgroup T over the program's work items (as _bf16_producer's), each by _bf16_item_gemm: over BM
+    rows, or INLINE (inline_tail_blocks' layout) over the first BM / 2 rows of a block flagged short (its rows
+    there, padding after them: half the MMAs, ACC_T's accumulators)."""
     n_steps = gl.cdiv(K, BK)
     it = 0
     for w in range(gl.program_id(0), n_items, gl.num_programs(0)):
         pid_m, g_col0 = _bf16_item(w, n_blocks, N_OUT, GATED, GROUP_M)
         if gl.load(block_expert_ptr + pid_m) >= 0:
-            acc_a = gl.zeros([64, BM], gl.float32, ACC_L)
-            acc_b = gl.zeros([64, BM], gl.float32, ACC_L)
-            for i in range(n_steps):
-                s = (it + i) % STAGES
-                mbarrier.wait(ready.index(s), ((it + i) // STAGES) & 1)
-                fence_async_shared()  # the activation rows came by cp.async (generic proxy); wgmma reads them (async)
-                xt = x_s.index(s).permute((1, 0))
-                acc_a = warpgroup_mma(w_s.index(s * 4 + 2 * T), xt, acc_a, is_async=True)
-                acc_b = warpgroup_mma(w_s.index(s * 4 + 2 * T + 1), xt, acc_b, is_async=True)
-                acc_a, acc_b = warpgroup_mma_wait(2, deps=[acc_a, acc_b])  # the step before is complete
-                mbarrier.arrive(empty.index((it + i + STAGES - 1) % STAGES), pred=i > 0)
-            acc_a, acc_b = warpgroup_mma_wait(0, deps=[acc_a, acc_b])
-            mbarrier.arrive(empty.index((it + n_steps - 1) % STAGES))  # the item's last slot
-            it += n_steps
-            if GATED:
-                _direct_epilogue(acc_a, acc_b, sorted_rows_ptr, n_pairs, N_OUT, pid_m,
-                                 _bf16_first_output(g_col0, T, 0, GATED), GATED, BM, block_expert_ptr, final_ptr,
-                                 a_scale_ptr, expert_scale_ptr, bias_ptr, q_scale_ptr, N_ROWS, alpha, beta, beta_lin,
-                                 limit, A_SCALE, HAS_EXPERT_SCALE, HAS_BIAS, INTERLEAVED, ACT, APPLY_ACT, HAS_LIMIT,
-                                 QUANT_NVFP4)
+            rows_ptr = sorted_rows_ptr + pid_m * BM
+            if INLINE and gl.load(block_short_ptr + pid_m) != 0:
+                _bf16_item_gemm(w_s, x_s, ready, empty, it, n_steps, rows_ptr, block_expert_ptr + pid_m, n_pairs,
+                                N_OUT, N_ROWS, g_col0, final_ptr, a_scale_ptr, expert_scale_ptr, bias_ptr, q_scale_ptr,
+                                alpha, beta, beta_lin, limit, T, GATED, STAGES, BM // 2, ACC_T, A_SCALE,
+                                HAS_EXPERT_SCALE, HAS_BIAS, INTERLEAVED, ACT, APPLY_ACT, HAS_LIMIT, QUANT_NVFP4)
             else:
-                _direct_epilogue(acc_a, acc_a, sorted_rows_ptr, n_pairs, N_OUT, pid_m,
-                                 _bf16_first_output(g_col0, T, 0, GATED), GATED, BM, block_expert_ptr, final_ptr,
-                                 a_scale_ptr, expert_scale_ptr, bias_ptr, q_scale_ptr, N_ROWS, alpha, beta, beta_lin,
-                                 limit, A_SCALE, HAS_EXPERT_SCALE, HAS_BIAS, INTERLEAVED, ACT, APPLY_ACT, HAS_LIMIT,
-                                 QUANT_NVFP4)
-                _direct_epilogue(acc_b, acc_b, sorted_rows_ptr, n_pairs, N_OUT, pid_m,
-                                 _bf16_first_output(g_col0, T, 1, GATED), GATED, BM, block_expert_ptr, final_ptr,
-                                 a_scale_ptr, expert_scale_ptr, bias_ptr, q_scale_ptr, N_ROWS, alpha, beta, beta_lin,
-                                 limit, A_SCALE, HAS_EXPERT_SCALE, HAS_BIAS, INTERLEAVED, ACT, APPLY_ACT, HAS_LIMIT,
-                                 QUANT_NVFP4)
+                _bf16_item_gemm(w_s, x_s, ready, empty, it, n_steps, rows_ptr, block_expert_ptr + pid_m, n_pairs,
+                                N_OUT, N_ROWS, g_col0, final_ptr, a_scale_ptr, expert_scale_ptr, bias_ptr, q_scale_ptr,
+                                alpha, beta, beta_lin, limit, T, GATED, STAGES, BM, ACC_L, A_SCALE, HAS_EXPERT_SCALE,
+                                HAS_BIAS, INTERLEAVED, ACT, APPLY_ACT, HAS_LIMIT, QUANT_NVFP4)
+            it += n_steps
 
 
 @gluon.jit
-def bf16_prefill_kernel(w_desc, a_ptr, sorted_rows_ptr, block_expert_ptr, n_blocks, n_items, n_pairs, a_row_div, N_OUT,
-                        N_ROWS, K, final_ptr, a_scale_ptr, expert_scale_ptr, bias_ptr, q_scale_ptr, alpha, beta,
-                        beta_lin, limit, GATED: gl.constexpr, PAIRS: gl.constexpr, STAGES: gl.constexpr,
-                        BM: gl.constexpr, BK: gl.constexpr, ACC_L: gl.constexpr, XS: gl.constexpr, XL: gl.constexpr,
-                        PW: gl.constexpr, PREGS: gl.constexpr, SREGS: gl.constexpr, GROUP_M: gl.constexpr,
-                        PERSIST: gl.constexpr, A_SCALE: gl.constexpr, HAS_EXPERT_SCALE: gl.constexpr,
+def bf16_prefill_kernel(w_desc, a_ptr, sorted_rows_ptr, block_expert_ptr, block_short_ptr, n_blocks, n_items, n_pairs,
+                        a_row_div, N_OUT, N_ROWS, K, final_ptr, a_scale_ptr, expert_scale_ptr, bias_ptr, q_scale_ptr,
+                        alpha, beta, beta_lin, limit, GATED: gl.constexpr, PAIRS: gl.constexpr, STAGES: gl.constexpr,
+                        BM: gl.constexpr, BK: gl.constexpr, ACC_L: gl.constexpr, ACC_T: gl.constexpr, XS: gl.constexpr,
+                        XL: gl.constexpr, PW: gl.constexpr, PREGS: gl.constexpr, SREGS: gl.constexpr,
+                        GROUP_M: gl.constexpr, PERSIST: gl.constexpr, INLINE: gl.constexpr,
+                        A_SCALE: gl.constexpr, HAS_EXPERT_SCALE: gl.constexpr,
                         HAS_BIAS: gl.constexpr, INTERLEAVED: gl.constexpr, ACT: gl.constexpr,
                         APPLY_ACT: gl.constexpr, HAS_LIMIT: gl.constexpr, QUANT_NVFP4: gl.constexpr):
     """moe_gemm_kernel's bf16 GEMM, n_items = n_blocks expert blocks (BM pairs each) x the GEMM's programs of 128
@@ -965,7 +987,8 @@ def bf16_prefill_kernel(w_desc, a_ptr, sorted_rows_ptr, block_expert_ptr, n_bloc
     PW-warp producer partition streams each K step's weights (four [64, BK] TMA boxes) and activation rows (cp.async)
     into a STAGES-deep ring, two consumer warpgroups issue the wgmma from there (_bf16_consumer). The operands and
     the epilogue are moe_gemm_kernel's (block_expert -1: a padding block, nothing to do); GROUP_M orders the items in
-    groups of expert blocks (grouped_tile_order). The grid: one program an item, or PERSIST: fewer, each running the
+    groups of expert blocks (grouped_tile_order); INLINE: inline_tail_blocks' blocks, those flagged in block_short_ptr
+    computed over their first BM / 2 rows. The grid: one program an item, or PERSIST: fewer, each running the
     items program_id, + num_programs, ... on one ring (the next item's loads under the last one's MMAs and
     epilogue)."""
     go = True
@@ -980,16 +1003,16 @@ def bf16_prefill_kernel(w_desc, a_ptr, sorted_rows_ptr, block_expert_ptr, n_bloc
             mbarrier.init(ready.index(s), count=32 * PW + 1)  # a cp.async arrive a producer thread, expect's
             mbarrier.init(empty.index(s), count=2)  # both consumer warpgroups release the slot
         gl.warp_specialize(
-            [(_bf16_consumer, (w_s, x_s, ready, empty, block_expert_ptr, n_blocks, n_items, K, sorted_rows_ptr,
-                               n_pairs, N_OUT, N_ROWS, final_ptr, a_scale_ptr, expert_scale_ptr, bias_ptr,
-                               q_scale_ptr, alpha, beta, beta_lin, limit, 0, GATED, STAGES, BM, BK, ACC_L, GROUP_M,
-                               A_SCALE, HAS_EXPERT_SCALE, HAS_BIAS, INTERLEAVED, ACT, APPLY_ACT, HAS_LIMIT,
-                               QUANT_NVFP4)),
-             (_bf16_consumer, (w_s, x_s, ready, empty, block_expert_ptr, n_blocks, n_items, K, sorted_rows_ptr,
-                               n_pairs, N_OUT, N_ROWS, final_ptr, a_scale_ptr, expert_scale_ptr, bias_ptr,
-                               q_scale_ptr, alpha, beta, beta_lin, limit, 1, GATED, STAGES, BM, BK, ACC_L, GROUP_M,
-                               A_SCALE, HAS_EXPERT_SCALE, HAS_BIAS, INTERLEAVED, ACT, APPLY_ACT, HAS_LIMIT,
-                               QUANT_NVFP4)),
+            [(_bf16_consumer, (w_s, x_s, ready, empty, block_expert_ptr, block_short_ptr, n_blocks, n_items, K,
+                               sorted_rows_ptr, n_pairs, N_OUT, N_ROWS, final_ptr, a_scale_ptr, expert_scale_ptr,
+                               bias_ptr, q_scale_ptr, alpha, beta, beta_lin, limit, 0, GATED, STAGES, BM, BK, ACC_L,
+                               ACC_T, GROUP_M, INLINE, A_SCALE, HAS_EXPERT_SCALE, HAS_BIAS, INTERLEAVED, ACT,
+                               APPLY_ACT, HAS_LIMIT, QUANT_NVFP4)),
+             (_bf16_consumer, (w_s, x_s, ready, empty, block_expert_ptr, block_short_ptr, n_blocks, n_items, K,
+                               sorted_rows_ptr, n_pairs, N_OUT, N_ROWS, final_ptr, a_scale_ptr, expert_scale_ptr,
+                               bias_ptr, q_scale_ptr, alpha, beta, beta_lin, limit, 1, GATED, STAGES, BM, BK, ACC_L,
+                               ACC_T, GROUP_M, INLINE, A_SCALE, HAS_EXPERT_SCALE, HAS_BIAS, INTERLEAVED, ACT,
+                               APPLY_ACT, HAS_LIMIT, QUANT_NVFP4)),
              (_bf16_producer, (w_desc, a_ptr, sorted_rows_ptr, block_expert_ptr, n_blocks, n_items, n_pairs,
                                a_row_div, K, N_OUT, N_ROWS, w_s, x_s, ready, empty, GATED, PAIRS, STAGES, BM, BK, XL,
                                GROUP_M))],
@@ -998,13 +1021,15 @@ def bf16_prefill_kernel(w_desc, a_ptr, sorted_rows_ptr, block_expert_ptr, n_bloc
 
 def launch_bf16_prefill(launcher, w, a, sorted_rows, block_expert, n_pairs: int, a_row_div: int, n_out: int,
                         n_rows: int, k_dim: int, gated: bool, interleaved: bool, direct: dict, stages: int, bm: int,
-                        maxnreg: int, group_m: int = 0, persistent: int = 0, producer: tuple = (4, 56)):
+                        maxnreg: int, group_m: int = 0, persistent: int = 0, block_short=None,
+                        producer: tuple = (4, 56)):
     """One launch of bf16_prefill_kernel through `launcher` (triton_kernels' attribute, for compile_check): w the
     GEMM's bf16 weights [E, n_rows, k_dim] (gated: gate and up halves, or interleaved rows), a its activation rows
     (pair // a_row_div), direct the epilogue's operands and flags (as launch_bitplace_partials' direct); bm pairs an
     expert block (64 or 128: the wgmma's N), stages the ring's depth, maxnreg the first consumer's registers (the
     second gets (3 maxnreg - producer registers) / 2, rounded down to 8), group_m the items' order, persistent 0 (a
-    program an item) or that many programs, producer (warps, registers)."""
+    program an item) or that many programs, block_short None or inline_tail_blocks' flags (sorted_rows and
+    block_expert of its layout: a short block's rows in its first bm / 2 slots), producer (warps, registers)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     e = w.shape[0]
@@ -1024,12 +1049,13 @@ def launch_bf16_prefill(launcher, w, a, sorted_rows, block_expert, n_pairs: int,
     w_desc = TensorDescriptor.from_tensor(view, [64, BF16_BLOCK_K], W_BF16_SMEM)
     warps, regs = producer
     x_load = gl.BlockedLayout([1, 8], [32 * 8 // BF16_BLOCK_K, BF16_BLOCK_K // 8], [warps, 1], [1, 0])
-    acc_layout, _ = accumulator_layouts(bm)
+    acc_layout, half_layout = accumulator_layouts(bm)[0], accumulator_layouts(bm // 2)[0]
     n_blocks = block_expert.numel()
     n_items = n_blocks * -(-n_out // (BF16_GATED_OUTPUTS.value if gated else BF16_UNGATED_OUTPUTS.value))
     grid = (min(persistent, n_items) if persistent else n_items,)
-    return launcher[grid](w_desc, a, sorted_rows, block_expert, n_blocks, n_items, n_pairs, a_row_div, n_out, n_rows,
-                          k_dim, GATED=gated, PAIRS=pairs, STAGES=stages, BM=bm, BK=BF16_BLOCK_K, ACC_L=acc_layout,
-                          XS=X_SMEM, XL=x_load, PW=warps, PREGS=regs, SREGS=(3 * maxnreg - regs) // 2 // 8 * 8,
-                          GROUP_M=group_m, PERSIST=int(bool(persistent)), num_warps=4, maxnreg=maxnreg,
-                          enable_fp_fusion=False, **direct)
+    return launcher[grid](w_desc, a, sorted_rows, block_expert, block_expert if block_short is None else block_short,
+                          n_blocks, n_items, n_pairs, a_row_div, n_out, n_rows, k_dim, GATED=gated, PAIRS=pairs,
+                          STAGES=stages, BM=bm, BK=BF16_BLOCK_K, ACC_L=acc_layout, ACC_T=half_layout, XS=X_SMEM,
+                          XL=x_load, PW=warps, PREGS=regs, SREGS=(3 * maxnreg - regs) // 2 // 8 * 8, GROUP_M=group_m,
+                          PERSIST=int(bool(persistent)), INLINE=int(block_short is not None), num_warps=4,
+                          maxnreg=maxnreg, enable_fp_fusion=False, **direct)

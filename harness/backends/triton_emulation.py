@@ -158,12 +158,13 @@ TILE_KEYS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "w2_blo
 BF16_PREFILL_WARP_SPEC = os.environ.get("MOE_CONFORMANCE_BF16_WARP_SPEC", "0") == "1"
 # The bf16 prefill row through the Gluon kernel (gluon_bf16: gluon_kernels.bf16_prefill_kernel, the loads in a producer
 # warpgroup, both wgmma operands from shared memory; why: the row above runs loads, MMAs and epilogue in the same 8
-# warps, at 46-55% of dense bf16 on an H100, results/gpu-issue28/run-34). Compiled for sm90 by Triton 3.6 without
-# spills (224 KB of shared memory at 128-pair blocks and 4 stages); not yet run on a GPU.
+# warps, at 46-55% of dense bf16 on an H100, results/gpu-issue28/run-34); 128-pair blocks with 64-pair tails inline
+# (Kimi-K2's ~171 rows an expert: 1.12x the MMAs, not 1.5x), one persistent program a multiprocessor. Compiled for
+# sm90 by Triton 3.6 without spills (224 KB of shared memory at 4 stages); not yet run on a GPU.
 # MOE_CONFORMANCE_GLUON_BF16=1 makes it the table's row for the A/B (sm90 only).
 GLUON_BF16_PREFILL = os.environ.get("MOE_CONFORMANCE_GLUON_BF16", "0") == "1"
 GLUON_BF16_TILES = dict(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=4, maxnreg=168, group_m=8,
-                        w2_block_n=256, gluon_bf16=1)
+                        w2_block_n=256, tail_m=64, inline_tails=1, persistent=1, gluon_bf16=1)
 _BF16_PREFILL = (dict(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=2, group_m=8, tma=1,
                       warp_spec_if_fits=1, w2_block_n=256) if BF16_PREFILL_WARP_SPEC else
                  GLUON_BF16_TILES if GLUON_BF16_PREFILL else
@@ -493,10 +494,10 @@ class TritonEmulationBackend:
                 raise ValueError(f"warp_spec splits a tile's rows between two consumer warpgroups of 64-row MMAs: "
                                  f"tail_m (and block_m) at least 128, got tail_m {tail_m}")
             if inline and (tiles["block_m"] != 2 * tail_m or tiles.get("tma") == 1 or tiles.get("warp_spec") or
-                           tiles.get("persistent")):
+                           tiles.get("persistent") and not tiles.get("gluon_bf16")):
                 raise ValueError(f"inline_tails takes tail_m = block_m / 2 (got tail_m {tail_m}, block_m "
                                  f"{tiles['block_m']}), activations by pointers (not tma 1), neither warp_spec nor "
-                                 "a persistent grid")
+                                 "a persistent grid (but gluon_bf16's)")
         # (sorted rows, block experts, short flags, tiles) of each launch of a GEMM: one, or the big blocks then the
         # tails (tail_m), or the short blocks inline
         if p > FUSED_ALIGN_MAX_PAIRS:  # prefill: three launches lay the blocks out (align_layouts)
@@ -702,7 +703,9 @@ class TritonEmulationBackend:
             (self.device != "cpu" and detect_platform().name != "sm90", "Hopper's wgmma and TMA (sm90)"),
             (ckpt.scheme.weight is not None or ckpt.scheme.act is not None or a_mode != 0
              or quantize_nvfp4 is not None, "bf16 weights and activations"),
-            ((tiles.get("split_k") or 1) != 1 or tiles.get("tail_m"), "the whole K an item (no split_k or tail_m)"),
+            ((tiles.get("split_k") or 1) != 1, "the whole K an item (no split_k)"),
+            (tiles.get("tail_m") and not (tiles.get("inline_tails") and tiles["tail_m"] * 2 == tiles["block_m"] == 128),
+             "tails inline at half a 128-pair block (tail_m 64, inline_tails 1), or none"),
             (block_n != wide, f"{wide} outputs a program ({which}'s block_n {block_n})"),
             (tiles["block_m"] not in (64, 128), f"block_m 64 or 128 (got {tiles['block_m']})")) if bad]
         if problems:
@@ -713,15 +716,16 @@ class TritonEmulationBackend:
         stages, maxnreg, bm = tiles["num_stages"], tiles.get("maxnreg") or 168, tiles["block_m"]
 
         def run(a, partials, sorted_rows, block_expert, n_pairs, a_row_div, n_out, n_rows, k_dim, gated, split_k,
-                serial=None, ids=None, direct=None):
+                serial=None, ids=None, direct=None, block_short=None):
             if a.data_ptr() % 16 or a.stride() != (k_dim, 1):  # cp.async moves 16-byte runs of whole rows
                 a = a.clone(memory_format=torch.contiguous_format)
             # persistent: that many programs a multiprocessor (one fits: 192-224 KB of ring and epilogue scratch)
             programs = tiles["persistent"] * multiprocessors(a.device) if tiles.get("persistent") else 0
             return launch_bf16_prefill(K.bf16_prefill_kernel, w, a, sorted_rows, block_expert, n_pairs, a_row_div,
                                        n_out, n_rows, k_dim, gated, ckpt.activation.interleaved, direct, stages, bm,
-                                       maxnreg, tiles.get("group_m") or 0, programs)
+                                       maxnreg, tiles.get("group_m") or 0, programs, block_short)
         run.direct = True  # the outputs from the accumulators: no partial sums, no epilogue launch after
+        run.inline_tails = True  # inline_tail_blocks' short blocks at half the rows (the kernel's INLINE)
         return run
 
     @staticmethod
@@ -840,7 +844,9 @@ class TritonEmulationBackend:
         scalars = (float(act.alpha), float(act.beta), float(act.beta_lin), float(act.limit or 0.0))
         if block_short is not None:
             launch_options.update(TAIL_M=tiles["tail_m"], block_short_ptr=block_short)
-        if tiles.get("tail_m") and (split_k > 1 or partials):  # their epilogues run over every pair of the GEMM
+        if tiles.get("tail_m") and (split_k > 1 or partials and not (block_short is not None and direct
+                                                                     and getattr(partials, "inline_tails", False))):
+            # their epilogues run over every pair of the GEMM (a direct kernel that takes the short blocks: its own)
             raise ValueError(f"tail_m {tiles['tail_m']} (a GEMM in two launches) with split_k {split_k} or a "
                              "partial-sums kernel: the split-K epilogue would read the other launch's pairs unwritten")
         if serial and not partials:
@@ -864,7 +870,8 @@ class TritonEmulationBackend:
                                                  n_rows, k_dim, bool(apply_act and act.gated), split_k,
                                                  ids=topk_ids.reshape(-1),
                                                  **({"serial": epilogue} if serial else {}),
-                                                 **({"direct": epilogue} if direct else {}))
+                                                 **({"direct": epilogue} if direct else {}),
+                                                 **({"block_short": block_short} if block_short is not None else {}))
         else:
             self.last_compiled[key] = K.moe_gemm_kernel[grid](
                 a_arg, a_scale if a_mode else dummy, w_arg, ws if ws is not None else dummy,

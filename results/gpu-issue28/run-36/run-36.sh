@@ -21,6 +21,7 @@
 export PYTHONUNBUFFERED=1
 BF16_ROW="block_m=128 block_n=128 block_k=64 num_warps=8 num_stages=4 group_m=8 tma=2 w2_block_n=256 tail_m=64 inline_tails=1"
 BF16_GLUON="block_m=128 block_n=128 block_k=64 num_warps=4 num_stages=4 maxnreg=168 group_m=8 w2_block_n=256 gluon_bf16=1"
+BF16_GLUON_ROW="$BF16_GLUON tail_m=64 inline_tails=1 persistent=1"  # GLUON_BF16_TILES
 flags() { local pre=$1; shift; for kv in "$@"; do printf -- "--$pre %s " "$kv"; done; }
 mkdir -p $OUT/f
 PREFILL_CFG="--config block_m=64 --config block_n=128 --config num_stages=4 --config maxnreg=168 --config group_m=8 --config gluon_prefill=1 --config tile_major=1"
@@ -69,10 +70,16 @@ case $part in
         --sweep persistent=0,1 \
         > $OUT/f/bf16-bfb-$model.log 2>&1
       echo "bf16 bit for bit $model: rc=$?"; grep -E "bit for bit|Error|error" $OUT/f/bf16-bfb-$model.log | head -5
+      timeout 150 python3 tools/bit_for_bit.py --model $model --scheme bf16 --tokens 300 2048 --ref triton_emulation \
+        $(flags ref-config $BF16_ROW) --backend triton_emulation $(flags config $BF16_GLUON_ROW) --sweep persistent=1,0 \
+        > $OUT/f/bf16-bfb-inline-$model.log 2>&1
+      echo "bf16 bit for bit, inline tails, $model: rc=$?"
+      grep -E "bit for bit|Error|error" $OUT/f/bf16-bfb-inline-$model.log | head -5
     done ;;
   btime)
     for model in ${MODELS:-gpt-oss-120b kimi-k2}; do
-      for cfg in "$BF16_ROW" "$BF16_GLUON" "$BF16_GLUON persistent=1" "${BF16_GLUON/block_m=128/block_m=64} persistent=1"; do
+      for cfg in "$BF16_ROW" "$BF16_GLUON_ROW" "$BF16_GLUON" "$BF16_GLUON persistent=1" \
+                 "${BF16_GLUON/block_m=128/block_m=64} persistent=1"; do
         timeout 200 python3 tools/chain_timeline.py --model $model --scheme bf16 --tokens 8192 \
           --backend triton_emulation --replays 5 $(flags config $cfg) > $OUT/f/bf16-time.log 2>&1
         echo "$model [$cfg]: rc=$? $(grep -o 'median replay [0-9.]* us wall' $OUT/f/bf16-time.log)"
