@@ -96,6 +96,15 @@ GLUON_PREFILL = [dict(block_m=m, block_n=n, block_k=128, num_warps=4, num_stages
                       group_m=g, gluon_prefill=1, tile_major=1)
                  for m, n, s, g in itertools.product((64, 128), (64, 128), (2, 3, 4), (0, 8))
                  if not (m == n == 128 and s == 4)]
+# triton_emulation's bf16 prefill through the Gluon kernel (gluon_bf16: a producer warpgroup, two consumer warpgroups
+# with both wgmma operands in shared memory, 128 outputs a program gated, 256 ungated): expert blocks of 64 or 128
+# pairs (the wgmma's N), the ring's depth (4 stages: 192 / 224 KB of shared memory; 5 at 64 pairs is over 227 KB),
+# persistent (one program a multiprocessor), each expert's short block inline at 64 pairs (128-pair blocks), the
+# grid's order; swept with PREFILL for bf16 (--where gluon_bf16=1: these alone)
+GLUON_BF16_PREFILL = [dict(block_m=m, block_n=128, w2_block_n=256, block_k=64, num_warps=4, num_stages=s, maxnreg=168,
+                           group_m=g, persistent=p, tail_m=64 if it else 0, inline_tails=it, gluon_bf16=1)
+                      for m, s, g, p, it in itertools.product((64, 128), (2, 3, 4), (0, 8), (0, 1), (0, 1))
+                      if not (it and m != 128)]
 CASES = [("gpt-oss-120b", "w_mxfp4", "triton_dot_scaled"), ("gpt-oss-120b", "w_mxfp4", "triton_emulation"),
          ("gpt-oss-120b", "w_nvfp4", "triton_emulation"), ("gpt-oss-120b", "bf16", "triton_emulation")]
 
@@ -143,7 +152,7 @@ def main() -> int:
             bitplace = name.startswith("triton_bitplace")
             decode = GLUON_DECODE if name == "triton_bitplace_gluon" else BITPLACE_DECODE if bitplace else DECODE
             prefill_grid = (GLUON_PREFILL if name == "triton_bitplace_gluon" else BITPLACE_PREFILL if bitplace
-                            else PREFILL)
+                            else PREFILL + GLUON_BF16_PREFILL if scheme == "bf16" else PREFILL)
             grid = prefill_grid if tokens >= 512 else decode
             for cfg in ({**c, **extra} for c in grid if all(c.get(k) in vs for k, vs in keep.items())):
                 backend.configure(**cfg)
