@@ -12,7 +12,8 @@
 #   PART=gcfg      four other tiles at gpt-oss-120b MXFP4 (the 128-pair one NVFP4 W4A4 too)
 #   PART=gmemcheck ~3 min: memcheck over tools/sanitize_kernels.py (its gluon prefill cases new)
 #   PART=bench     ~6 min: run-35's bench filter plus triton_bitplace_gluon's 8192-token rows, with
-#                  MOE_CONFORMANCE_GLUON_PREFILL=1 (the targets judge each case's best backend)
+#                  MOE_CONFORMANCE_GLUON_PREFILL=1 (the targets judge each case's best backend); GLUON_BF16=1 also puts
+#                  gluon_bf16 in triton_emulation's bf16 prefill row (MOE_CONFORMANCE_GLUON_BF16=1)
 #   triton_emulation's bf16 prefill through the Gluon kernel (gluon_bf16, MOE_CONFORMANCE_GLUON_BF16=1):
 #   PART=bbfb      ~3 min: suites/test_triton_helpers.py's GPU test (conformance and bit for bit against the bf16 row at
 #                  1200 pairs), then bit for bit at each model's sizes (8 experts, 300 and 2048 tokens, block_m 64 and 128)
@@ -91,7 +92,7 @@ case $part in
     echo "memcheck: rc=$? $(grep -E 'ERROR SUMMARY' $OUT/f/memcheck.log | tail -1)"
     grep -E "gluon (bf16 )?prefill|tile-major" $OUT/f/memcheck.log | head -12 ;;
   bench)  # run-35's bench part (its files in its own tar) with the prefill row on and its rows in the filter
-    MOE_CONFORMANCE_GLUON_PREFILL=1 BENCH_FILTER='(gpt-oss-120b or kimi-k2) and (T1/ or T8/ or T64/ or T8192/) and ((w_mxfp4/ or w_nvfp4/ or w_nvfp4_a_nvfp4/) and (triton_bitplace_gluon or triton_bitplace and T8192/) or bf16/ and (triton_emulation or torch_grouped_mm) or triton_kernels_ogs and not T8192/)' \
+    MOE_CONFORMANCE_GLUON_BF16=${GLUON_BF16:-0} MOE_CONFORMANCE_GLUON_PREFILL=1 BENCH_FILTER='(gpt-oss-120b or kimi-k2) and (T1/ or T8/ or T64/ or T8192/) and ((w_mxfp4/ or w_nvfp4/ or w_nvfp4_a_nvfp4/) and (triton_bitplace_gluon or triton_bitplace and T8192/) or bf16/ and (triton_emulation or torch_grouped_mm) or triton_kernels_ogs and not T8192/)' \
       PART=bench bash results/gpu-issue28/run-35/run-35.sh ;;
 esac
 done
