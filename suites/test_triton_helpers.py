@@ -293,13 +293,12 @@ def test_the_kernels_a_forward_launches_compile_for_sm90_without_a_gpu(tmp_path)
     gluon_prefill = [f"triton_bitplace_gluon/{case}@tokens=2048,block_m={bm},block_n={bn},num_warps=4,num_stages=3,"
                      f"maxnreg={128 if (bm, bn) == (64, 64) else 168},group_m=8,gluon_prefill=1,tile_major=1"
                      for case, bm, bn in (("w_mxfp4/SWIGLUOAI", 64, 128), ("w_nvfp4_a_nvfp4/SILU", 128, 64))]
-    # bf16 prefill through the Gluon kernel (gluon_bf16): interleaved gate and up rows as row pairs at 128-pair blocks,
-    # halves at 64, and a persistent grid
+    # bf16 prefill through the Gluon kernel (gluon_bf16): the opt-in row (interleaved gate and up rows as row pairs,
+    # 128-pair blocks with each expert's short block inline, one persistent program a multiprocessor), and halves at
+    # 64-pair blocks on the plain grid
     gluon_bf16 = [f"triton_emulation/bf16/{act}@tokens=2048,block_m={bm},block_n=128,w2_block_n=256,block_k=64,"
-                  f"num_warps=4,num_stages=4,maxnreg=168,group_m=8,gluon_bf16=1"
-                  for act, bm in (("SWIGLUOAI", 128), ("SILU", 64))]
-    # one program a multiprocessor running the items in turn, each expert's short block inline
-    gluon_bf16.append(gluon_bf16[0] + ",persistent=1,tail_m=64,inline_tails=1")
+                  f"num_warps=4,num_stages=4,maxnreg=168,group_m=8,gluon_bf16=1{more}"
+                  for act, bm, more in (("SWIGLUOAI", 128, ",persistent=1,tail_m=64,inline_tails=1"), ("SILU", 64, ""))]
     cmd = [sys.executable, "-m", "harness.backends.compile_check", "--tokens", "1", "2048", "--intermediate", "384"]
     for case in (cases + [serial, scale_regs] + tma + tails + inline + persistent + warp_specialized + list(gluon)
                  + [default_gluon] + list(gluon_serial) + gluon_prefill + gluon_bf16):
