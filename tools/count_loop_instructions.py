@@ -14,7 +14,8 @@ this CPU venv may hold another; say which when you quote them.
                                             [--path w_mxfp4/triton_bitplace+gluon]  # the Gluon decode GEMM
                                             [--sass DIR]   # JSON to $OUT (or results/); --sass: each loop's SASS
                                             [--tiles block_m=128 ...]  # over the tile table's (+gluon too:
-                                            # gluon_prefill=1 block_m=64 ... its prefill launch)
+                                            # gluon_prefill=1 block_m=64 ... its prefill launch; bf16 with
+                                            # gluon_bf16=1 ...: the bf16 Gluon kernel's)
 
 At prefill sizes the weights' bytes are not the bound but the tensor cores are: each line also gives the K step's
 issue time over its MMA time on one multiprocessor (harness.bench.diagnosis.issue_over_mma).
@@ -65,7 +66,9 @@ def capture_gemm1(scheme: str, backend_name: str, model: str, tokens: int, over:
     backend = load_backend(backend_name.removesuffix("+gluon"))
     if gluon:
         backend.gluon = True
-    kernel = "bitplace_partials_kernel" if gluon else "moe_gemm_kernel"
+    # (the tiles' gluon_bf16: triton_emulation's bf16 GEMMs by gluon_kernels.bf16_prefill_kernel)
+    kernel = ("bitplace_partials_kernel" if gluon else "bf16_prefill_kernel" if (over or {}).get("gluon_bf16")
+              else "moe_gemm_kernel")
     backend.device = "cpu"
     ckpt = make_checkpoint(scheme, shape.activation, 8, shape.hidden_size, shape.intermediate_size, seed=0,
                            with_bias=shape.biased)
@@ -108,7 +111,7 @@ def capture_gemm1(scheme: str, backend_name: str, model: str, tokens: int, over:
     # the tiles a GPU would pick (the capture ran with the interpreter's small ones): same pair count
     tiles = backend.tile_config(x.shape[0] * ids.shape[1], *scheme_kinds(ckpt.scheme))
     tiles = dict(tiles, **(over or {}))
-    if gluon:
+    if gluon or kernel == "bf16_prefill_kernel":
         kwargs = dict(captured["kwargs"], SPLIT_K=1)
     else:
         kwargs = dict(captured["kwargs"], BLOCK_M=tiles["block_m"], BLOCK_N=tiles["block_n"],
@@ -124,6 +127,8 @@ def capture_gemm1(scheme: str, backend_name: str, model: str, tokens: int, over:
 
 
 def compile_sm90(args: tuple, kwargs: dict):
+    if "INLINE" in kwargs:  # the bf16 Gluon kernel's launch
+        return compile_launch(K.bf16_prefill_kernel, args, {k: v for k, v in kwargs.items() if k != "SPLIT_K"})
     if "PAIRS" in kwargs:  # the Gluon kernel's launch (its layouts are constexprs)
         return compile_launch(K.bitplace_partials_kernel, args, kwargs)
     return compile_launch(K.moe_gemm_kernel, args, kwargs)
@@ -148,7 +153,11 @@ def main(argv=None) -> int:
         launch_args, kwargs = capture_gemm1(scheme, backend_name, args.model, args.tokens, over)
         compiled = compile_sm90(launch_args, kwargs)
         loop = k_loop(*sass(compiled.asm["cubin"]))
-        if "PAIRS" in kwargs:  # the Gluon kernel: a 64-row tile (gate and up when gated) of one 128-value chunk,
+        if "INLINE" in kwargs:  # the bf16 Gluon kernel: a consumer warpgroup's two 64-row tiles (gate and up when
+            # gated) of one 64-value step, BM pairs
+            kwargs.update(BLOCK_M=kwargs["BM"], BLOCK_N=64 if kwargs["GATED"] else 128, BLOCK_K=kwargs["BK"],
+                          num_stages=kwargs["STAGES"])
+        elif "PAIRS" in kwargs:  # the Gluon kernel: a 64-row tile (gate and up when gated) of one 128-value chunk,
             # BM pairs (16 at decode)
             kwargs.update(BLOCK_M=kwargs.get("BM", 16), BLOCK_N=64, BLOCK_K=128, num_stages=kwargs["STAGES"])
         nbytes = weight_bytes_per_iteration(scheme, kwargs["BLOCK_N"], kwargs["BLOCK_K"], bool(kwargs.get("GATED")))
