@@ -199,12 +199,34 @@ def test_the_routing_launch_quantizes_gemm1_s_nvfp4_input_bit_for_bit():
 
 
 @pytest.mark.long  # ~2.5 min on 2 cores: started first
+def _compile_for_sm90(cases: list[str], tmp_path, processes: int = 2) -> subprocess.CompletedProcess:
+    """harness.backends.compile_check over cases, split round-robin over `processes` concurrent processes (compiling
+    is one core's work a process, and CI's machine has two), each with an empty Triton cache of its own so that ptxas
+    runs for every launch and its log says whether wgmma was serialized; their outputs joined, case order kept
+    within each. A launch two processes both meet is compiled by both (each process compiles a launch once)."""
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, TRITON_INTERPRET="0", MOE_CONFORMANCE_GLUON_NVFP4="1",
+               MOE_CONFORMANCE_GLUON_QUANTIZED_ACT="1")
+    procs = []
+    for share in range(processes):
+        cmd = [sys.executable, "-m", "harness.backends.compile_check", "--tokens", "1", "2048", "--intermediate", "384"]
+        for case in cases[share::processes]:
+            cmd += ["--case", case]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=root,
+                                      env=dict(env, TRITON_CACHE_DIR=str(tmp_path / f"cache-{share}"))))
+    outputs = [proc.communicate(timeout=600) for proc in procs]
+    stdout, stderr = "".join(out for out, _ in outputs), "".join(err for _, err in outputs)
+    failed = [proc.returncode for proc in procs if proc.returncode]
+    assert not failed, stdout[-3000:] + stderr[-3000:]
+    return subprocess.CompletedProcess([], 0, stdout, stderr)
+
+
 def test_the_kernels_a_forward_launches_compile_for_sm90_without_a_gpu(tmp_path):
     """The interpreter runs a kernel's Python, not the compiler: harness.backends.compile_check records the launches
     of forwards (nothing runs) and compiles each for sm90 with the installed Triton's ptxas, so that a kernel that
     cannot compile (a loop-carried variable changing type: moe_align_kernel's NVFP4 programs once did; returns of
-    two types in _weight_tile's bf16 path) fails here rather than on a GPU loan. Every variant in one process (each
-    distinct launch compiled once; GEMM2's K 3 chunks, so that loops are compiled, not folded):
+    two types in _weight_tile's bf16 path) fails here rather than on a GPU loan. Every variant in two processes (each
+    distinct launch compiled once a process; GEMM2's K 3 chunks, so that loops are compiled, not folded):
     - the table's tiles at one token and 2048 (the decode row with split-K and its epilogues, the prefill row with
       GEMM1's own NVFP4 epilogue), every Triton backend; split-K finished in the GEMM's own launch (serial_k:
       moe_gemm_kernel, and the Gluon kernel split with pdl and unsplit on two warpgroups);
@@ -299,15 +321,9 @@ def test_the_kernels_a_forward_launches_compile_for_sm90_without_a_gpu(tmp_path)
     gluon_bf16 = [f"triton_emulation/bf16/{act}@tokens=2048,block_m={bm},block_n=128,w2_block_n=256,block_k=64,"
                   f"num_warps=4,num_stages=4,maxnreg=168,group_m=8,gluon_bf16=1{more}"
                   for act, bm, more in (("SWIGLUOAI", 128, ",persistent=1,tail_m=64,inline_tails=1"), ("SILU", 64, ""))]
-    cmd = [sys.executable, "-m", "harness.backends.compile_check", "--tokens", "1", "2048", "--intermediate", "384"]
-    for case in (cases + [serial, scale_regs] + tma + tails + inline + persistent + warp_specialized + list(gluon)
-                 + [default_gluon] + list(gluon_serial) + gluon_prefill + gluon_bf16):
-        cmd += ["--case", case]
-    # an empty Triton cache, so that ptxas runs for every launch and its log says whether wgmma was serialized
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=Path(__file__).resolve().parents[1],
-                         env=dict(os.environ, TRITON_INTERPRET="0", MOE_CONFORMANCE_GLUON_NVFP4="1",
-                                  MOE_CONFORMANCE_GLUON_QUANTIZED_ACT="1", TRITON_CACHE_DIR=str(tmp_path)))
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    every = (cases + [serial, scale_regs] + tma + tails + inline + persistent + warp_specialized + list(gluon)
+             + [default_gluon] + list(gluon_serial) + gluon_prefill + gluon_bf16)
+    run = _compile_for_sm90(every, tmp_path)
     compiled = {line.split()[1] for line in run.stdout.splitlines() if line.startswith("compiled ")}
     assert compiled >= {"moe_align_kernel", "moe_gemm_kernel", "splitk_epilogue_kernel", "splitk_topk_reduce_kernel",
                         "mx_quantize_kernel", "nvfp4_quantize_kernel", "fp8_quantize_kernel", "topk_reduce_kernel",
