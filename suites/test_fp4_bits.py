@@ -1038,6 +1038,17 @@ def test_the_gluon_prefill_blocks_take_the_whole_k_and_the_epilogue_in_one_launc
                direct=dict(final_ptr=None))
     with pytest.raises(ValueError, match="bm"):
         launch(None, None, None, None, None, None, None, 2, 1, 128, 256, 256, True, 1, 4, 168, bm=64, pdl=1)
+    # a 4-warp producer on the persistent grid (whose ring counts one producer warp's arrivals), and register splits
+    # setmaxnreg cannot give: 176 x 384 threads over the multiprocessor's 65536, a second consumer past 256
+    for kwargs, match in ((dict(producer=(4, 56, 224), persistent=132, bm=16), "4-warp producer partition"),
+                          (dict(producer=(4, 56, 240), tiles=2, maxnreg=176), "65536"),
+                          (dict(producer=(4, 56, 264), tiles=2), "second consumer registers 264"),
+                          (dict(producer=(4, 20, 224), tiles=2), "producer registers 20")):
+        args = dict(stages=4, maxnreg=168, bm=64, direct=dict(final_ptr=None)) | kwargs
+        if args.get("persistent"):
+            del args["direct"]
+        with pytest.raises(ValueError, match=match):
+            launch(None, None, None, None, None, None, None, 2, 1, 128, 256, 256, True, 1, **args)
 
 
 def test_a_direct_partials_kernel_writes_the_outputs_and_no_epilogue_follows(monkeypatch):

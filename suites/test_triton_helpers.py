@@ -858,11 +858,17 @@ def test_the_gluon_bf16_row_takes_bf16_prefill_blocks_and_refuses_what_it_cannot
             ("w13", dict(tiles, block_m=64, tail_m=32, inline_tails=1), prep, "tails inline")):
         with pytest.raises(ValueError, match=match):
             backend._partials_kernel(ckpt_prep, which, 0, other, None, 128, 256, 256)
+    with pytest.raises(ValueError, match="K a multiple of 16"):
+        backend._partials_kernel(prep, "w13", 0, tiles, None, 128, 256, 264)
     w = torch.zeros(2, 256, 96, dtype=torch.bfloat16)
-    for bm, k_dim, match in ((32, 64, "bm"), (64, 96, "multiple of 8")):
+    # (K 72: 16-byte cp.async runs at offsets Triton cannot prove aligned, refused with halves too; K 96 interleaved)
+    for bm, k_dim, interleaved, match in ((32, 64, True, "bm"), (64, 96, True, "multiple of 16"),
+                                          (64, 72, False, "multiple of 16")):
         with pytest.raises(ValueError, match=match):
-            launch(None, w[..., :k_dim].contiguous(), None, None, None, 4, 2, 128, 256, k_dim, True, True, {}, 4, bm,
-                   168)
+            launch(None, w[..., :k_dim].contiguous(), None, None, None, 4, 2, 128, 256, k_dim, True, interleaved, {},
+                   4, bm, 168)
+    with pytest.raises(ValueError, match="65536"):  # 176 registers x 384 threads: more than a multiprocessor holds
+        launch(None, w[..., :64].contiguous(), None, None, None, 4, 2, 128, 256, 64, True, True, {}, 4, 64, 176)
     # the kernel's outputs a program whatever the tiles said: 128 gated, 256 ungated (GEMM2, and GEMM1 of an ungated
     # activation)
     for act, want in (("SWIGLUOAI", 128), ("SILU_NO_MUL", 256)):

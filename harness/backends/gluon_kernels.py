@@ -727,6 +727,19 @@ def tile_major_scales(scales, per_chunk: int = 4):
     return tiles.reshape(-1, 256)
 
 
+def check_partition_registers(maxnreg: int, warpgroups: int, producer_regs: int, second: int):
+    """Refuse a warp-specialised launch's register split that setmaxnreg cannot give: the launch's cap over its
+    threads within a multiprocessor's 65536 registers (three warpgroups: at most 168), each fixed partition's count a
+    multiple of 8 in 24-256 (setmaxnreg's range)."""
+    problems = [why for bad, why in (
+        (maxnreg * 128 * warpgroups > 65536, f"maxnreg {maxnreg} x {128 * warpgroups} threads within 65536 registers"),
+        (producer_regs % 8 or not 24 <= producer_regs <= 256, f"producer registers {producer_regs}"),
+        (warpgroups > 2 and (second % 8 or not 24 <= second <= 256), f"second consumer registers {second}")) if bad]
+    if problems:
+        raise ValueError("setmaxnreg takes multiples of 8 in 24-256 a partition, the cap times the threads at most "
+                         "65536: " + "; ".join(problems))
+
+
 def launch_bitplace_partials(launcher, codes, scales_t, a, partials, sorted_rows, block_expert, n_pairs: int,
                              a_row_div: int, n_out: int, n_rows: int, k_dim: int, gated: bool, split_k: int,
                              stages: int, maxnreg: int, overlap: int = 0, tiles: int = 1, nvfp4: int = 0,
@@ -778,6 +791,11 @@ def launch_bitplace_partials(launcher, codes, scales_t, a, partials, sorted_rows
         raise ValueError("a persistent launch leaves the epilogue to splitk_epilogue_kernel: serial with persistent 0")
     if persistent and overlap != 0:
         raise ValueError(f"a persistent launch runs the consumer's schedule 0 only, not {overlap}")
+    if producer is not None:
+        if persistent:  # (the persistent ring is built for PRODUCER_WARPS' arrivals)
+            raise ValueError(f"producer (a {producer[0]}-warp producer partition) takes the plain grid: persistent 0, "
+                             f"got {persistent}")
+        check_partition_registers(maxnreg, 1 + tiles, producer[1], producer[2])
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     if tile_major is not None and (persistent or n_rows % 64 or gated and n_out % 64):
@@ -1039,15 +1057,20 @@ def launch_bf16_prefill(launcher, w, a, sorted_rows, block_expert, n_pairs: int,
                          f"stages {stages}")
     if w.dtype != torch.bfloat16 or not w.is_contiguous() or w.shape[1:] != (n_rows, k_dim):
         raise ValueError(f"w: contiguous bf16 [E, {n_rows}, {k_dim}], got {w.dtype} {tuple(w.shape)}")
-    # TMA: 16-byte row strides (K % 8); interleaved rows as [E x N_OUT, 2 K] row pairs need whole K steps, or a gate
-    # box's last step would read the up row's first values (multiplied by zeros, but never read as weights)
-    if k_dim % 8 or pairs and k_dim % BF16_BLOCK_K or n_rows < 64 or k_dim < BF16_BLOCK_K:
-        raise ValueError(f"bf16_prefill_kernel takes K a multiple of 8 (of {BF16_BLOCK_K} with interleaved gate and "
+    # cp.async moves 16-byte runs (8 values) of an activation row, at offsets (row x K + k) that Triton proves 16-byte
+    # aligned only for K a multiple of 16 (it marks integer arguments divisible by 16, no finer: K % 16 == 8 leaves
+    # 2-byte copies, which cp.async refuses at compile time); interleaved rows as [E x N_OUT, 2 K] row pairs need
+    # whole K steps, or a gate box's last step would read the up row's first values (multiplied by zeros, but never
+    # read as weights)
+    if k_dim % 16 or pairs and k_dim % BF16_BLOCK_K or n_rows < 64 or k_dim < BF16_BLOCK_K:
+        raise ValueError(f"bf16_prefill_kernel takes K a multiple of 16 (of {BF16_BLOCK_K} with interleaved gate and "
                          f"up rows) and at least {BF16_BLOCK_K}, and at least 64 weight rows; got K {k_dim}, "
                          f"{n_rows} rows, interleaved {pairs}")
+    warps, regs = producer
+    second = (3 * maxnreg - regs) // 2 // 8 * 8
+    check_partition_registers(maxnreg, 3, regs, second)
     view = w.view(e * n_out, 2 * k_dim) if pairs else w.view(e * n_rows, k_dim)
     w_desc = TensorDescriptor.from_tensor(view, [64, BF16_BLOCK_K], W_BF16_SMEM)
-    warps, regs = producer
     x_load = gl.BlockedLayout([1, 8], [32 * 8 // BF16_BLOCK_K, BF16_BLOCK_K // 8], [warps, 1], [1, 0])
     acc_layout, half_layout = accumulator_layouts(bm)[0], accumulator_layouts(bm // 2)[0]
     n_blocks = block_expert.numel()
@@ -1056,6 +1079,6 @@ def launch_bf16_prefill(launcher, w, a, sorted_rows, block_expert, n_pairs: int,
     return launcher[grid](w_desc, a, sorted_rows, block_expert, block_expert if block_short is None else block_short,
                           n_blocks, n_items, n_pairs, a_row_div, n_out, n_rows, k_dim, GATED=gated, PAIRS=pairs,
                           STAGES=stages, BM=bm, BK=BF16_BLOCK_K, ACC_L=acc_layout, ACC_T=half_layout, XS=X_SMEM,
-                          XL=x_load, PW=warps, PREGS=regs, SREGS=(3 * maxnreg - regs) // 2 // 8 * 8, GROUP_M=group_m,
+                          XL=x_load, PW=warps, PREGS=regs, SREGS=second, GROUP_M=group_m,
                           PERSIST=int(bool(persistent)), INLINE=int(block_short is not None), num_warps=4,
                           maxnreg=maxnreg, enable_fp_fusion=False, **direct)

@@ -707,7 +707,8 @@ class TritonEmulationBackend:
             (tiles.get("tail_m") and not (tiles.get("inline_tails") and tiles["tail_m"] * 2 == tiles["block_m"] == 128),
              "tails inline at half a 128-pair block (tail_m 64, inline_tails 1), or none"),
             (block_n != wide, f"{wide} outputs a program ({which}'s block_n {block_n})"),
-            (tiles["block_m"] not in (64, 128), f"block_m 64 or 128 (got {tiles['block_m']})")) if bad]
+            (tiles["block_m"] not in (64, 128), f"block_m 64 or 128 (got {tiles['block_m']})"),
+            (k_dim % 16, f"K a multiple of 16: the activations' 16-byte cp.async runs aligned (got {k_dim})")) if bad]
         if problems:
             raise ValueError(f"gluon_bf16 ({which}) needs " + "; ".join(problems))
         from .gluon_kernels import launch_bf16_prefill
