@@ -457,8 +457,8 @@ GLUON_W13_PREFETCH_BYTES = 40 << 20
 # moe_gemm_kernel's FP4 prefill rows run loads, decode and MMAs in the same warps, 248 registers, at 42-51% of dense
 # bf16 on an H100 (results/gpu-issue28/run-34); here the loads leave the consumers, and a K step's decode (~170
 # instructions a warp and 64-row tile) is under half its MMA time at 64 pairs. Compiled for sm90 by Triton 3.6 at
-# maxnreg 168 without spills (consumers at 248 / 224 registers, 164 KB of shared memory at 4 stages: one program a
-# multiprocessor); not yet run on a GPU. MOE_CONFORMANCE_GLUON_PREFILL=1 makes it triton_bitplace_gluon's prefill row
+# maxnreg 168 without spills (consumers at 224 / 224 registers, the producer 56, 164 KB of shared memory at 4
+# stages: one program a multiprocessor); not yet run on a GPU. MOE_CONFORMANCE_GLUON_PREFILL=1 makes it triton_bitplace_gluon's prefill row
 GLUON_PREFILL = os.environ.get("MOE_CONFORMANCE_GLUON_PREFILL", "0") == "1"
 GLUON_PREFILL_TILES = dict(block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=4, maxnreg=168, group_m=8,
                            gluon_prefill=1)
