@@ -53,7 +53,11 @@ settings.load_profile(_PROFILE)
 pytest_plugins = ["harness.outputs.pytest_plugin"]  # --report DIR: the conformance report
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
-    # One thread per xdist worker: workers x torch threads on few cores thrash (seen: 2x slower).
+    # One thread per xdist worker: workers x torch threads on few cores thrash (seen: 2x slower). The processes a
+    # test starts (harness CLI runs, compile_check, ranks) too, through the environment they inherit: with their
+    # default of a thread a core, suites/test_harness_spine.py, test_hostile_backends.py and test_detection_power.py
+    # took 99 s under -n 2 on CI's two cores, 75 s with one thread each (session 41)
+    os.environ["OMP_NUM_THREADS"] = "1"
     import torch
 
     from harness.platforms import pin_worker_to_gpu
