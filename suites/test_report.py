@@ -126,8 +126,9 @@ def test_html_report_renders_in_headless_chromium(tmp_path):
 
 def test_the_chain_timeline_cuts_replays_at_the_flushes_and_reports_gaps():
     """tools/chain_timeline.py on a synthetic profiler trace: two replays of three kernels after 256 MB flushes (a
-    fill kernel, then a memset), a small fill of the forward's own kept in its replay; the gaps between kernels
-    (negative where programmatic dependents overlap) and each replay's wall and summed kernel time."""
+    fill kernel, then a memset), a small fill of the forward's own kept in its replay, a GEMM longer than the flush
+    whose name holds "fill" (bf16_prefill_kernel) kept too; the gaps between kernels (negative where programmatic
+    dependents overlap) and each replay's wall and summed kernel time."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
     from chain_timeline import replay_kernels, timeline
 
@@ -140,6 +141,9 @@ def test_the_chain_timeline_cuts_replays_at_the_flushes_and_reports_gaps():
              k("small FillFunctor", 323, 1), k("gemm2", 330, 10)]
     runs = replay_kernels(list(reversed(trace)))
     assert [[n for n, *_ in r] for r in runs] == [["align", "gemm1", "small FillFunctor", "gemm2"]] * 2
+    prefill = [k("vectorized_elementwise_kernel<FillFunctor>", 0, 80), k("align", 100, 2),
+               k("bf16_prefill_kernel", 103, 2000), k("topk_reduce", 2104, 100)]
+    assert [[n for n, *_ in r] for r in replay_kernels(prefill)] == [["align", "bf16_prefill_kernel", "topk_reduce"]]
     lines, wall, busy = timeline(runs[0])
     assert (wall, busy) == (35.0, 33.0)
     assert [line.split()[2] for line in lines[1:]] == ["-1.0", "+0.0", "+3.0"]

@@ -741,15 +741,15 @@ def test_the_gluon_bf16_prefill_kernel_gives_the_bits_of_the_bf16_row(act, tiles
     """gluon_bf16 (gluon_kernels.bf16_prefill_kernel) against the reference by the conformance bound, and bit for bit
     against the tile table's bf16 prefill row (moe_gemm_kernel: the same operands, K order and epilogue), past the
     fused routing (1200 pairs), with biases, gate and up rows interleaved (row pairs), in halves and ungated (GEMM1
-    of 256 outputs a program), GEMM2's K not a multiple of the step (328: TMA's zeros past K), and GEMM1's last
-    program past N_OUT."""
+    of 256 outputs a program), GEMM2's K not a multiple of the step (336: TMA's zeros past K; a multiple of 16, as
+    the kernel's cp.async runs need), and GEMM1's last program past N_OUT."""
     from harness.backends import backend_structure, load_backend
     from harness.backends.triton_emulation import GLUON_BF16_TILES
     from harness.core.conformance import Shape, backend_shape, compare_backend, reference_run
 
     gluon = load_backend("triton_emulation").configure(**dict(GLUON_BF16_TILES, **tiles))
     row = load_backend("triton_emulation")
-    shape = backend_shape(gluon, Shape(num_experts=8, hidden_size=256, intermediate_size=328, tokens=600, top_k=2))
+    shape = backend_shape(gluon, Shape(num_experts=8, hidden_size=256, intermediate_size=336, tokens=600, top_k=2))
     ckpt, inputs, out, trace = reference_run("bf16", act, "e4m3fn", shape, 3, backend_structure(gluon))
     result = compare_backend(gluon, ckpt, inputs, out, trace, f"prefill/bf16/gluon_bf16 {tiles}")
     assert result.ok, result.message()
@@ -848,7 +848,8 @@ def test_the_gluon_bf16_row_takes_bf16_prefill_blocks_and_refuses_what_it_cannot
     backend = TritonEmulationBackend()
     prep = backend.prepare(make_checkpoint("bf16", "SWIGLUOAI", 2, 256, 128, seed=0, with_bias=True))
     tiles = dict(GLUON_BF16_TILES, tail_m=0, inline_tails=0, persistent=0)
-    with pytest.raises(ValueError, match="a compiled kernel"):  # the interpreter (this test's default)
+    monkeypatch.setattr(K, "INTERPRET", True)  # (CI's default; on a GPU host too)
+    with pytest.raises(ValueError, match="a compiled kernel"):
         backend._partials_kernel(prep, "w13", 0, tiles, None, 128, 256, 256)
     monkeypatch.setattr(K, "INTERPRET", False)
     seen, launch = [], gluon_kernels.launch_bf16_prefill

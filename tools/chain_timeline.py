@@ -29,17 +29,22 @@ from harness.bench import MODEL_SHAPES, capture, flush_l2, model_launch  # noqa:
 
 def replay_kernels(trace_events: list[dict]) -> list[list[tuple[str, float, float]]]:
     """The trace's kernels (name, start us, duration us) cut into replays: each replay is the kernels after one L2
-    flush (flush_l2's 256 MB fill: a memset, or a fill kernel of at least a quarter of the longest fill's time)
-    and before the next."""
+    flush (flush_l2's 256 MB fill: a memset, or torch's fill kernel (FillFunctor) of at least a quarter of the
+    longest fill's time) and before the next. (Not any name with "fill" in it: bf16_prefill_kernel, 1-3 ms, once
+    cut every replay at its GEMMs and left them out of the time line.)"""
     events = sorted((e for e in trace_events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memset")),
                     key=lambda e: float(e["ts"]))
-    fill = [float(e["dur"]) for e in events if e["cat"] == "gpu_memset" or "fill" in e["name"].lower()]
+
+    def is_fill(e) -> bool:
+        return e["cat"] == "gpu_memset" or "FillFunctor" in e["name"]
+
+    fill = [float(e["dur"]) for e in events if is_fill(e)]
     if not fill:
         raise RuntimeError("no L2 flush (a memset or fill kernel) in the trace: "
                            f"{sorted({e['name'][:40] for e in events})}")
     runs: list[list[tuple[str, float, float]]] = []
     for e in events:
-        if (e["cat"] == "gpu_memset" or "fill" in e["name"].lower()) and float(e["dur"]) >= max(fill) / 4:
+        if is_fill(e) and float(e["dur"]) >= max(fill) / 4:
             runs.append([])  # a flush: the next replay starts
         elif runs and e["cat"] == "kernel":
             runs[-1].append((e["name"], float(e["ts"]), float(e["dur"])))
