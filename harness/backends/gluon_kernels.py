@@ -42,14 +42,16 @@ threads (a barrier of the partition: bar.sync 0 / 2, 128 in the PTX), counts its
 atomic), and the tile's last split adds the SPLIT_K partial sums back from L2 in split order and runs
 triton_kernels._epilogue into the GEMM's output, splitk_epilogue_kernel's work and operands (GEMM1's launch of it
 dropped; compiled without contracted multiply-adds, as that kernel is). Compiled for sm90 by Triton 3.6 at 80
-registers without spills (two warpgroups and one, split and not); not yet run on a GPU (results/gpu-issue28/run-22).
+registers without spills (two warpgroups and one, split and not); on the H200 bit for bit with the epilogue
+launch and no faster (results/gpu-issue28/run-22): opt-in.
 
 bf16_prefill_kernel is the same design for bf16 weights (triton_emulation's tiles' gluon_bf16): a producer warpgroup
 streams four [64, 64] weight boxes a K step by TMA (gate and up rows of each consumer's 64 outputs, interleaved rows
 read as row pairs of a [E x N, 2 K] view; or, ungated, two 64-row tiles) and the block's activation rows by
 cp.async; two consumer warpgroups issue wgmma with both operands in shared memory, a step's MMAs in flight while the
 next step's issue, and finish with moe_gemm_kernel's epilogue from the accumulators. Compiled for sm90 by Triton 3.6
-without spills (224 KB of shared memory at 128-pair blocks and 4 stages); not yet run on a GPU.
+without spills (224 KB of shared memory at 128-pair blocks and 4 stages); on an H100 bit for bit with the bf16
+prefill row at both models' sizes (results/gpu-issue28/run-37), not yet timed.
 """
 
 from __future__ import annotations

@@ -458,7 +458,10 @@ GLUON_W13_PREFETCH_BYTES = 40 << 20
 # bf16 on an H100 (results/gpu-issue28/run-34); here the loads leave the consumers, and a K step's decode (~170
 # instructions a warp and 64-row tile) is under half its MMA time at 64 pairs. Compiled for sm90 by Triton 3.6 at
 # maxnreg 168 without spills (consumers at 224 / 224 registers, the producer 56, 164 KB of shared memory at 4
-# stages: one program a multiprocessor); not yet run on a GPU. MOE_CONFORMANCE_GLUON_PREFILL=1 makes it triton_bitplace_gluon's prefill row
+# stages: one program a multiprocessor). On an H100 (results/gpu-issue28/run-37): bit for bit with moe_gemm_kernel's
+# 64-pair blocks, and 13-16% slower than the rows below at 8192 tokens (gpt-oss-120b MXFP4 3963.0 -> 4519.7 us,
+# NVFP4 4280.5 -> 4851.0, W4A4 4809.3 -> 5597.4). MOE_CONFORMANCE_GLUON_PREFILL=1 makes it triton_bitplace_gluon's
+# prefill row
 GLUON_PREFILL = os.environ.get("MOE_CONFORMANCE_GLUON_PREFILL", "0") == "1"
 GLUON_PREFILL_TILES = dict(block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=4, maxnreg=168, group_m=8,
                            gluon_prefill=1)

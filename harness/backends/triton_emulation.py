@@ -160,7 +160,8 @@ BF16_PREFILL_WARP_SPEC = os.environ.get("MOE_CONFORMANCE_BF16_WARP_SPEC", "0") =
 # warpgroup, both wgmma operands from shared memory; why: the row above runs loads, MMAs and epilogue in the same 8
 # warps, at 46-55% of dense bf16 on an H100, results/gpu-issue28/run-34); 128-pair blocks with 64-pair tails inline
 # (Kimi-K2's ~171 rows an expert: 1.12x the MMAs, not 1.5x), one persistent program a multiprocessor. Compiled for
-# sm90 by Triton 3.6 without spills (224 KB of shared memory at 4 stages); not yet run on a GPU.
+# sm90 by Triton 3.6 without spills (224 KB of shared memory at 4 stages); on an H100 bit for bit with the row
+# below at both models' sizes (results/gpu-issue28/run-37), not yet timed.
 # MOE_CONFORMANCE_GLUON_BF16=1 makes it the table's row for the A/B (sm90 only).
 GLUON_BF16_PREFILL = os.environ.get("MOE_CONFORMANCE_GLUON_BF16", "0") == "1"
 GLUON_BF16_TILES = dict(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=4, maxnreg=168, group_m=8,
