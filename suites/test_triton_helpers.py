@@ -646,6 +646,38 @@ def test_quant_launch_quantizes_nvfp4_activations_in_their_own_launches_with_the
         assert launches == [0, 2], (tiles, launches)
 
 
+def test_the_values_only_nvfp4_launch_gives_the_quantizers_values_bit_for_bit():
+    """The forward's NVFP4 activations (_nvfp4_values: 32 x 128 programs, values alone by _nvfp4_block_values) are the
+    values of the quantizer entry point's launch (_nvfp4: 16 x 16 programs, codes decoded) bit for bit: rows and
+    columns that are not whole programs, bf16 subnormals, zero blocks, blocks past the E4M3 scale's range, infinite
+    elements (GEMM1's outputs may overflow bf16), tensor scales from 2^-126 to 3e4; and each value is the reference
+    quantizer's (reference.nvfp4.quantize_nvfp4 decoded without the tensor scale)."""
+    from harness.backends.triton_emulation import TritonEmulationBackend
+    from reference.nvfp4 import dequantize_nvfp4, quantize_nvfp4
+
+    backend = TritonEmulationBackend()
+    device = default_device()
+    g = torch.Generator().manual_seed(5)
+    for rows, cols in ((37, 96), (5, 272)):
+        x = (torch.randn(rows, cols, generator=g) * torch.logspace(-40, 3, cols, base=2.0)).to(torch.bfloat16)
+        x[0, :16] = 0.0
+        x[1, 16:32] = torch.tensor(9.2e-41).to(torch.bfloat16)  # bf16 subnormals
+        x[2, :16] *= 2.0**90  # past 448 x 6 x s_dec: the E4M3 scale saturates
+        x[3, 3], x[4, 20] = float("inf"), float("-inf")
+        x = x.to(device)
+        for s_dec in (2.0**-9, 0.37, 2.0**-126, 3e4):
+            s = torch.tensor(s_dec)
+            got = backend._nvfp4_values(x, s)
+            want = backend._nvfp4(x, s, values=True)[2]
+            assert torch.equal(got.view(torch.int16), want.view(torch.int16)), (rows, cols, s_dec)
+            finite = torch.isfinite(x.float()).all(dim=1).cpu()
+            q = quantize_nvfp4(x.float().cpu()[finite], global_decode_scale=s)
+            ref = dequantize_nvfp4(q.codes, q.block_scales, torch.tensor(1.0), torch.bfloat16)  # exact in bf16
+            assert torch.equal(got.cpu()[finite].view(torch.int16), ref.view(torch.int16)), (rows, cols, s_dec)
+    with pytest.raises(ValueError, match="divisible by 16"):
+        backend._nvfp4_values(torch.zeros(2, 40, dtype=torch.bfloat16, device=device), torch.tensor(1.0))
+
+
 def test_inline_tail_blocks_put_each_experts_short_block_after_its_full_ones():
     """inline_tail_blocks on _align's layout of 16-row small blocks (experts of 3, 2, 0 and 1 small blocks, padding
     slots n_pairs, unused blocks expert -1): 32-row blocks of each expert's pairs in order, a short block (its first

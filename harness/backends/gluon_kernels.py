@@ -51,7 +51,8 @@ read as row pairs of a [E x N, 2 K] view; or, ungated, two 64-row tiles) and the
 cp.async; two consumer warpgroups issue wgmma with both operands in shared memory, a step's MMAs in flight while the
 next step's issue, and finish with moe_gemm_kernel's epilogue from the accumulators. Compiled for sm90 by Triton 3.6
 without spills (224 KB of shared memory at 128-pair blocks and 4 stages); on an H100 bit for bit with the bf16
-prefill row at both models' sizes (results/gpu-issue28/run-37), not yet timed.
+prefill row at both models' sizes (results/gpu-issue28/run-37, run-38) and 9-36% slower at gpt-oss-120b's 8192 tokens
+(run-38: 3572.4 us for the row; 3881.9 persistent without tails, 4874.6 with inline tails): opt-in.
 """
 
 from __future__ import annotations

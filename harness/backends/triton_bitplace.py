@@ -460,8 +460,10 @@ GLUON_W13_PREFETCH_BYTES = 40 << 20
 # maxnreg 168 without spills (consumers at 224 / 224 registers, the producer 56, 164 KB of shared memory at 4
 # stages: one program a multiprocessor). On an H100 (results/gpu-issue28/run-37): bit for bit with moe_gemm_kernel's
 # 64-pair blocks, and 13-16% slower than the rows below at 8192 tokens (gpt-oss-120b MXFP4 3963.0 -> 4519.7 us,
-# NVFP4 4280.5 -> 4851.0, W4A4 4809.3 -> 5597.4). MOE_CONFORMANCE_GLUON_PREFILL=1 makes it triton_bitplace_gluon's
-# prefill row
+# NVFP4 4280.5 -> 4851.0, W4A4 4809.3 -> 5597.4); other tiles (run-38, MXFP4): 128-pair blocks at 3 stages 4212.5 us
+# (its GEMM2 1387 us against the rows' 1258 + 176, its GEMM1 2675 against 2064 + 317; NVFP4 W4A4 6739.6), 64 x 64 on
+# one consumer 4361.8, 64-pair blocks at 3 stages 4502.7, without group_m 4811.0: none faster. Opt-in:
+# MOE_CONFORMANCE_GLUON_PREFILL=1 makes it triton_bitplace_gluon's prefill row
 GLUON_PREFILL = os.environ.get("MOE_CONFORMANCE_GLUON_PREFILL", "0") == "1"
 GLUON_PREFILL_TILES = dict(block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=4, maxnreg=168, group_m=8,
                            gluon_prefill=1)

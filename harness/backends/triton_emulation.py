@@ -161,8 +161,9 @@ BF16_PREFILL_WARP_SPEC = os.environ.get("MOE_CONFORMANCE_BF16_WARP_SPEC", "0") =
 # warps, at 46-55% of dense bf16 on an H100, results/gpu-issue28/run-34); 128-pair blocks with 64-pair tails inline
 # (Kimi-K2's ~171 rows an expert: 1.12x the MMAs, not 1.5x), one persistent program a multiprocessor. Compiled for
 # sm90 by Triton 3.6 without spills (224 KB of shared memory at 4 stages); on an H100 bit for bit with the row
-# below at both models' sizes (results/gpu-issue28/run-37), not yet timed.
-# MOE_CONFORMANCE_GLUON_BF16=1 makes it the table's row for the A/B (sm90 only).
+# below at both models' sizes (results/gpu-issue28/run-37) and slower (run-38, gpt-oss-120b 8192 tokens, replay wall
+# time: the row below 3572.4 us; these tiles 4874.6, without inline tails 3881.9 persistent / 3999.5 not, 64-pair
+# blocks 4604.2): opt-in. MOE_CONFORMANCE_GLUON_BF16=1 makes it the table's row for the A/B (sm90 only).
 GLUON_BF16_PREFILL = os.environ.get("MOE_CONFORMANCE_GLUON_BF16", "0") == "1"
 GLUON_BF16_TILES = dict(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=4, maxnreg=168, group_m=8,
                         w2_block_n=256, tail_m=64, inline_tails=1, persistent=1, gluon_bf16=1)
@@ -639,8 +640,22 @@ class TritonEmulationBackend:
         return v, 0, v
 
     def _nvfp4_activation(self, x2, static_scale, aq, fmt):
-        _, _, v = self._nvfp4(x2, static_scale, values=True)
-        return v, 1, static_scale.reshape(1)
+        return self._nvfp4_values(x2, static_scale), 1, static_scale.reshape(1)
+
+    def _nvfp4_values(self, x2, s_dec):
+        """_nvfp4's values alone (a GEMM's NVFP4 activations), bit for bit, in programs of 32 rows x 128 columns:
+        at prefill the activations then stream (on an H100, 8192 x 2880 in 100 us at 16 x 16 with codes and scales;
+        GEMM2's input at 8192 tokens of gpt-oss-120b is four times that)."""
+        r, c = x2.shape
+        if c % 16:
+            raise ValueError(f"x's last dim must be divisible by 16, got {c}")
+        vals = torch.empty(r, c, dtype=torch.bfloat16, device=x2.device)
+        s = torch.as_tensor(s_dec, dtype=torch.float32).reshape(1).to(x2.device)
+        bm, bc = 32, min(128, triton.next_power_of_2(c))
+        K.nvfp4_quantize_kernel[(triton_cdiv(r, bm), triton_cdiv(c, bc))](x2, vals, vals, vals, s, r, c,
+                                                                         WRITE_VALUES=True, BLOCK_M=bm, BLOCK_C=bc,
+                                                                         WRITE_CODES=False)
+        return vals
 
     def _fp8_activation(self, x2, static_scale, aq, fmt):
         if aq.static:

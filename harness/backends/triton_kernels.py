@@ -224,16 +224,29 @@ def mx_quantize_kernel(x_ptr, codes_ptr, scales_ptr, values_ptr, n_rows, n_cols,
 
 @triton.jit
 def nvfp4_quantize_kernel(x_ptr, codes_ptr, scales_ptr, values_ptr, s_dec_ptr, n_rows, n_cols,
-                          WRITE_VALUES: tl.constexpr, BLOCK_M: tl.constexpr):
-    """NVFP4, one program per BLOCK_M rows x 16 columns: E4M3 block scale from the block amax and the
-    fp32 tensor scale (s_enc = fl(1 / s_dec)), E2M1 elements of fl(x / fl(stored * s_dec)).
-    WRITE_VALUES stores e2m1 * stored (exact in bf16; s_dec is applied by the GEMM)."""
-    pid_b = tl.program_id(1)
-    rows, mask, offs, codes, stored, v = _nvfp4_tile(x_ptr, s_dec_ptr, n_rows, n_cols, BLOCK_M, tl.program_id(0), pid_b)
-    tl.store(codes_ptr + offs, codes.to(tl.uint8), mask=mask)
-    tl.store(scales_ptr + rows * (n_cols // 16) + pid_b, stored.to(tl.uint8), mask=rows < n_rows)
+                          WRITE_VALUES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr = 16,
+                          WRITE_CODES: tl.constexpr = True):
+    """NVFP4, one program per BLOCK_M rows x BLOCK_C columns (whole 16-column blocks; n_cols a multiple of 16, the
+    blocks past it masked): E4M3 block scale from the block amax and the fp32 tensor scale (s_enc = fl(1 / s_dec)),
+    E2M1 elements of fl(x / fl(stored * s_dec)). WRITE_VALUES stores e2m1 * stored (exact in bf16; s_dec is applied
+    by the GEMM); WRITE_CODES False stores the values alone (a GEMM's activations: _nvfp4_block_values, the same
+    bits with no codes' round trip, and no 1-byte scale stores)."""
+    pid_c = tl.program_id(1)
+    rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    cols = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+    offs = rows[:, None] * n_cols + cols[None, :]
+    x = tl.reshape(_load_f32(x_ptr, offs, mask), (BLOCK_M, BLOCK_C // 16, 16))  # bf16 activations or fp32
+    if WRITE_CODES:
+        codes, stored, v = _nvfp4_blocks(x, tl.load(s_dec_ptr), 2)
+        tl.store(codes_ptr + offs, tl.reshape(codes, (BLOCK_M, BLOCK_C)).to(tl.uint8), mask=mask)
+        blocks = pid_c * (BLOCK_C // 16) + tl.arange(0, BLOCK_C // 16)
+        tl.store(scales_ptr + rows[:, None] * (n_cols // 16) + blocks[None, :], stored.to(tl.uint8),
+                 mask=(rows[:, None] < n_rows) & (blocks[None, :] < n_cols // 16))
+    else:
+        v = _nvfp4_block_values(x, tl.load(s_dec_ptr), 2)
     if WRITE_VALUES:
-        tl.store(values_ptr + offs, f32_to_bf16(v), mask=mask)
+        tl.store(values_ptr + offs, f32_to_bf16(tl.reshape(v, (BLOCK_M, BLOCK_C))), mask=mask)
 
 
 @_device
