@@ -678,6 +678,32 @@ def test_the_values_only_nvfp4_launch_gives_the_quantizers_values_bit_for_bit():
         backend._nvfp4_values(torch.zeros(2, 40, dtype=torch.bfloat16, device=device), torch.tensor(1.0))
 
 
+def test_the_top_k_sum_gives_the_same_bits_at_every_program_width():
+    """topk_reduce_kernel at the wide programs of prefill (topk_reduce_block_h: 1024 columns once the tokens fill the
+    GPU) gives the bits of its 128-column programs, columns past the last whole program masked (300 = 1024 - 724)."""
+    from harness.backends import triton_kernels as K
+    from harness.backends.triton_emulation import (SEPARATE_ROUNDINGS, TOPK_BLOCK_H, TOPK_WIDE_BLOCK_H,
+                                                   topk_reduce_block_h)
+
+    assert topk_reduce_block_h(8192, 2880, 132) == TOPK_WIDE_BLOCK_H and topk_reduce_block_h(8, 2880, 132) == 128
+    device = default_device()
+    g = torch.Generator().manual_seed(7)
+    t, k, h = 5, 4, 300
+    z = (torch.randn(t * k, h, generator=g) * 2.0 ** torch.randint(-20, 20, (t * k, 1), generator=g)).to(torch.bfloat16)
+    w = torch.rand(t, k, generator=g)
+    outs = []
+    for bh in (TOPK_BLOCK_H, TOPK_WIDE_BLOCK_H):
+        out = torch.full((t, h), float("nan"), dtype=torch.bfloat16, device=device)
+        K.topk_reduce_kernel[(t, -(-h // bh))](z.to(device), w.to(device), out, h, TOP_K=k, BLOCK_H=bh,
+                                               **SEPARATE_ROUNDINGS)
+        outs.append(out.cpu())
+    assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
+    want = torch.zeros(t, h)
+    for j in range(k):  # the kernel's order, each product and sum rounded to fp32
+        want = want + w[:, j, None] * z.float().view(t, k, h)[:, j]
+    assert torch.equal(outs[1], want.to(torch.bfloat16))
+
+
 def test_inline_tail_blocks_put_each_experts_short_block_after_its_full_ones():
     """inline_tail_blocks on _align's layout of 16-row small blocks (experts of 3, 2, 0 and 1 small blocks, padding
     slots n_pairs, unused blocks expert -1): 32-row blocks of each expert's pairs in order, a short block (its first
