@@ -76,7 +76,11 @@ SERIAL_K = os.environ.get("MOE_CONFORMANCE_SERIAL_K", "0") == "1"
 # row since GEMM1's epilogue computes GEMM2's NVFP4 input by _round_to_format (8952 -> 7616 SASS at 128 rows): before,
 # 8 warps lost on gpt-oss-120b (5598 -> 6157 us, run-28) and W4A4 ran on 64-row tiles; after (results/gpu-issue28/run-30
 # PART=w4a4, an H100, one sweep): 64 rows 5747 -> 128 rows on 8 warps 4891 us (gpt-oss-120b, 32-row tails), Kimi-K2
-# 19082 -> 17196 (64-row tails); quantizing in its own launch (quant_launch 1) 4877 / 17974. (At 128 rows by TMA its
+# 19082 -> 17196 (64-row tails); quantizing in its own launch (quant_launch 1) 4877 / 17974 then, with the 16 x 16
+# quantizer programs; with the values-only 32 x 128 ones (_nvfp4_values: GEMM1's input 100.4 -> 48 us) 4735.0 -> 4478.9
+# us and 15951.4 -> 15527.3 (results/gpu-issue28/run-38, an H100: GEMM1 2623 -> 2223 us, GEMM2's input 168 us in its
+# own launch), so the NVFP4 rows take quant_launch 1 (W4A16 ignores it; the 4-warp row, not timed, holds a
+# multiprocessor alone too). (At 128 rows by TMA its
 # activations raced when compiled, run-17 to run-23: refused, _gemm.) (max pairs, kinds or None, tiles; triton_emulation.table_row_matches).
 # The 8-warp row only where Triton compiles it as measured: Triton 3.9 (CI's) gives the 8-warp bit-placement loop a
 # zero-step path that zeroes the accumulators before the last wgmma wait, and ptxas then serializes every wgmma of
@@ -86,9 +90,9 @@ EIGHT_WARP_BITPLACE_TRITON = (3, 6)
 BITPLACE_TILES = (
     (1024, None, dict(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=3, split_k_programs=512)),
     (1 << 62, (NVFP4,), dict(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=3, group_m=8,
-                             fit_tail_m=1)),
+                             fit_tail_m=1, quant_launch=1)),
     (1 << 62, (NVFP4,), dict(block_m=128, block_n=64, block_k=128, num_warps=4, num_stages=3, group_m=8,
-                             fit_tail_m=1)),
+                             fit_tail_m=1, quant_launch=1)),
     (1 << 62, None, dict(block_m=128, block_n=64, block_k=128, num_warps=4, num_stages=3, group_m=8, fit_tail_m=1,
                          inline_tails=1)),
 )

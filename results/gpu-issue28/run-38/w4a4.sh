@@ -26,7 +26,7 @@ case $part in
         timeout 200 python3 tools/chain_timeline.py --model $model --scheme w_nvfp4_a_nvfp4 --tokens 8192 \
           --backend triton_bitplace --replays 5 $q > $OUT/w4a4/t.log 2>&1
         echo "$model [${q:-the table row}]: rc=$? $(grep -o 'median replay [0-9.]* us wall' $OUT/w4a4/t.log)"
-        grep -E "nvfp4_quantize_kernel|moe_gemm_kernel|topk_reduce" $OUT/w4a4/t.log | head -6
+        grep -E "nvfp4_quantize_kernel|moe_gemm_kernel|topk_reduce" $OUT/w4a4/t.log | head -8
         cat $OUT/w4a4/t.log >> $OUT/w4a4/time-$model.log
       done
     done ;;
