@@ -16,11 +16,15 @@ SETUP  ?= $(STAMP)
 # of its modules, which import torch and numpy only, and its C++ extension builds with ninja (the test extra). The
 # same pin as pyproject's `quark` extra (the full install), checked by suites/test_ci_workflows.py.
 QUARK_PIN := amd-quark==0.13.0
+# pip's own byte-compilation runs file by file on one core (~30 s of the set-up here): skipped, then compileall on every
+# core (the same .pyc files, ~20 s on two). Its status is not checked: like pip, it leaves the few files that are not
+# this Python's syntax uncompiled (torch/testing/_internal/py312_intrinsics.py on 3.11) and says so on stdout.
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,torchao,jax,modelopt,compressed-tensors]'
-	$(PY) -m pip install -q --no-deps '$(QUARK_PIN)'
+	$(PY) -m pip install -q --no-compile -e '.[test,torchao,jax,modelopt,compressed-tensors]'
+	$(PY) -m pip install -q --no-compile --no-deps '$(QUARK_PIN)'
+	-$(PY) -m compileall -q -j 0 $(VENV)/lib > /dev/null
 	touch $(STAMP)
 
 # Pinned third-party kernels (vLLM releases; harness/third_party.py): `pip download --no-deps` of each wheel into
