@@ -644,8 +644,8 @@ class TritonEmulationBackend:
 
     def _nvfp4_values(self, x2, s_dec):
         """_nvfp4's values alone (a GEMM's NVFP4 activations), bit for bit, in programs of 32 rows x 128 columns:
-        at prefill the activations then stream (on an H100, 8192 x 2880 in 100 us at 16 x 16 with codes and scales;
-        GEMM2's input at 8192 tokens of gpt-oss-120b is four times that)."""
+        at prefill the activations then stream (on an H100, gpt-oss-120b's 8192 x 2880 in 48.3 us, where 16 x 16
+        programs that also stored codes and scales took 100.4: results/gpu-issue28/run-38)."""
         r, c = x2.shape
         if c % 16:
             raise ValueError(f"x's last dim must be divisible by 16, got {c}")
