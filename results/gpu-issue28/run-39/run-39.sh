@@ -1,6 +1,7 @@
 #!/bin/bash
 # Issue 28 run-39 (session 43; an H200 or H100, carry .third_party). PART names the parts, in order:
-#   PART=bench    ~5.5 min: every issue-28 target from one make bench run (run-35's bench part: BENCHMARKS.md)
+#   PART=bench    ~5.5 min: every issue-28 target from one make bench run (run-35's bench part: BENCHMARKS.md;
+#                 BENCH_TIMEOUT caps make bench, so that its files come back inside a short call)
 #   PART=ncu      ~3 min: Nsight Compute on the prefill GEMMs at gpt-oss-120b's 8192 tokens (run-38/ncu.sh)
 #   PART=entry    ~1 min: the quantizer entry points of the Triton backends, compiled (test_conformance's
 #                 test_backend_quantizer_entry_points_are_bit_exact: nvfp4_quantize_kernel's codes path since
