@@ -26,12 +26,16 @@ def finish_tool(name: str, copy_bandwidth: float, rows: list[dict]) -> int:
     return 0
 
 
-def write_bench_report(rows: list[dict], anchors: dict, out_dir) -> dict:
-    """bench/results.json, bench/table.md and bench/roofline.png from the benchmark rows."""
+def write_bench_report(rows: list[dict], anchors: dict, out_dir, cut_short: bool = False) -> dict:
+    """bench/results.json, bench/table.md and bench/roofline.png from the benchmark rows. cut_short: the run was
+    stopped (SIGTERM) before every selected row ran; each file says so, and a target whose rows did not run is
+    absent, not missed."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(dict(anchors=anchors, rows=rows), indent=1))
-    lines = [f"Copy bandwidth {anchors.get('copy_tb_s', 0):.2f} TB/s, bf16 dense matmul "
+    (out / "results.json").write_text(json.dumps(dict(anchors=anchors, rows=rows, cut_short=cut_short), indent=1))
+    warning = ([f"**Cut short** (SIGTERM) after {len(rows)} row{'s' * (len(rows) != 1)}: the rows and targets of the tests that did not run "
+                "are missing.", ""] if cut_short else [])
+    lines = warning + [f"Copy bandwidth {anchors.get('copy_tb_s', 0):.2f} TB/s, bf16 dense matmul "
              f"{anchors.get('dense_bf16_tflops', 0):.0f} TFLOP/s (measured in this run); {anchors.get('device', '')}",
              _board(anchors.get("gpu") or {}),
              "% dense: against the anchor above; at the token counts a target judges by it (8192), against the dense "
@@ -46,7 +50,7 @@ def write_bench_report(rows: list[dict], anchors: dict, out_dir) -> dict:
     (out / "table.md").write_text("\n".join(lines) + "\n")
     paths = dict(json=out / "results.json", table=out / "table.md", targets=out / "targets.md")
     targets = evaluate_targets(rows, anchors)
-    paths["targets"].write_text(format_targets(targets))
+    paths["targets"].write_text("\n".join(warning) + ("\n" if warning else "") + format_targets(targets))
     if rows and anchors.get("copy_tb_s"):
         paths["roofline"] = _roofline(rows, anchors, out / "roofline.png")
     return paths

@@ -5,6 +5,8 @@ each row also goes to DIR/rows.jsonl as soon as it is measured, so a run cut sho
 from __future__ import annotations
 
 import json
+import signal
+import threading
 from pathlib import Path
 
 import pytest
@@ -25,12 +27,31 @@ class _Rows(list):
                 f.write(json.dumps(row) + "\n")
 
 
+class _CutShort(KeyboardInterrupt):
+    """SIGTERM (a CI step's or `timeout`'s limit) turned into the interrupt pytest ends a session on: the fixtures are
+    torn down, so bench_rows still writes the report of the rows measured."""
+
+
+_TERMINATED = []  # the signals received (the report says the run was cut short)
+
+
+def _cut_short(signum, frame):
+    _TERMINATED.append(signum)
+    raise _CutShort(f"signal {signum}")
+
+
 @pytest.fixture(scope="session")
 def bench_rows(request):
     out = request.config.getoption("--bench-dir")
     rows = _Rows(out)
-    yield rows
-    if out and rows:
-        from harness.bench import anchors, write_bench_report
+    main = threading.current_thread() is threading.main_thread()  # signal handlers: the main thread's only
+    previous = signal.signal(signal.SIGTERM, _cut_short) if main else None
+    try:
+        yield rows
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
+        if out and rows:
+            from harness.bench import anchors, write_bench_report
 
-        write_bench_report(list(rows), anchors(), out)
+            write_bench_report(list(rows), anchors(), out, cut_short=bool(_TERMINATED))

@@ -3,6 +3,8 @@ reference, bytes and FLOPs are what the shapes say, and the targets read the row
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -308,3 +310,54 @@ def test_a_prefill_miss_says_how_near_its_weight_stream_is_to_the_copy_rate():
     assert "weights streamed at 2.05 TB/s = 69% of copy" in describe(row)
     decode = {k: v for k, v in row.items() if not k.startswith(("pct_dense_", "dense_"))}
     assert "streamed" not in describe(decode)
+
+
+_CUT_SHORT_TESTS = '''
+import time
+
+
+def test_measured(bench_rows):
+    bench_rows.append(dict(model="gpt-oss-120b", scheme="w_mxfp4", tokens=8, backend="triton_bitplace", us=150.0,
+                           tb_s=2.3, pct_copy=77.0, tflops=1.0, pct_dense=0.1))
+
+
+def test_never_ends(bench_rows):
+    time.sleep(600)
+'''
+
+
+def test_a_bench_run_stopped_by_sigterm_still_writes_the_report_of_its_measured_rows(tmp_path):
+    """A nightly step's time limit (`timeout`, a CI runner) ends make bench with SIGTERM: the session ends as on an
+    interrupt, bench_rows' teardown writes table.md / targets.md / results.json from the rows measured, and each says
+    the run was cut short (run-39: a make bench stopped at its 390 s limit left no table)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    (tmp_path / "test_cut.py").write_text(_CUT_SHORT_TESTS)
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                             "-p", "conftest", "-p", "suites.bench.conftest", "--rootdir", str(root), "-c",
+                             str(root / "pyproject.toml"), str(tmp_path / "test_cut.py"), "--bench-dir", str(out)],
+                            cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env=dict(os.environ, PYTHONPATH=str(root)))
+    try:
+        deadline = time.monotonic() + 240
+        while not ((out / "rows.jsonl").exists() and (out / "rows.jsonl").read_text().strip()):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-2000:]
+            time.sleep(0.2)
+        time.sleep(1.0)  # into the second test's sleep
+        proc.send_signal(signal.SIGTERM)
+        log = proc.communicate(timeout=120)[0].decode()
+    finally:
+        proc.kill()
+    assert "_CutShort" in log, log[-2000:]
+    table, targets = (out / "table.md").read_text(), (out / "targets.md").read_text()
+    assert table.startswith("**Cut short** (SIGTERM) after 1 row:") and targets.startswith("**Cut short**")
+    assert "| gpt-oss-120b | w_mxfp4 | 8 | triton_bitplace | 150.0 |" in table
+    assert "gpt-oss-120b T=8 (triton_bitplace) | 77% | >= 75%" in targets
+    assert json.loads((out / "results.json").read_text())["cut_short"] is True

@@ -30,7 +30,7 @@ case $part in
     t0=$(date +%s)
     timeout ${BENCH_TIMEOUT:-585} make bench PY=python3 SETUP= BENCH_ARGS="--durations=12 -k \"$FILTER\"" > $OUT/f/bench.log 2>&1
     echo "bench: rc=$? $(( $(date +%s) - t0 )) s"; tail -1 $OUT/f/bench.log
-    cp bench/table.md bench/results.json bench/targets.md $OUT/f/ 2>/dev/null
+    cp bench/table.md bench/results.json bench/targets.md bench/rows.jsonl $OUT/f/ 2>/dev/null
     grep -E "^\| " bench/targets.md | cut -c1-150 ;;
   check|conformance)
     env | grep MOE_CONFORMANCE_ || echo "no MOE_CONFORMANCE_ settings"
