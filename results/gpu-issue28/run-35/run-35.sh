@@ -29,7 +29,10 @@ case $part in
     FILTER=${BENCH_FILTER:-'(gpt-oss-120b or kimi-k2) and (T1/ or T8/ or T64/ or T8192/) and ((w_mxfp4/ or w_nvfp4/ or w_nvfp4_a_nvfp4/) and (triton_bitplace_gluon and not T8192/ or triton_bitplace and not triton_bitplace_gluon and T8192/) or bf16/ and (triton_emulation or torch_grouped_mm) or triton_kernels_ogs and not T8192/)'}
     t0=$(date +%s)
     timeout ${BENCH_TIMEOUT:-585} make bench PY=python3 SETUP= BENCH_ARGS="--durations=12 -k \"$FILTER\"" > $OUT/f/bench.log 2>&1
-    echo "bench: rc=$? $(( $(date +%s) - t0 )) s"; tail -1 $OUT/f/bench.log
+    echo "bench: rc=$? $(( $(date +%s) - t0 )) s"
+    # stopped by timeout's SIGTERM, pytest writes the report of the rows measured after make has gone: wait for it
+    for i in $(seq 30); do pgrep -f "pytest -p no:cacheprovider suites/bench" > /dev/null || break; sleep 1; done
+    tail -1 $OUT/f/bench.log
     cp bench/table.md bench/results.json bench/targets.md bench/rows.jsonl $OUT/f/ 2>/dev/null
     grep -E "^\| " bench/targets.md | cut -c1-150 ;;
   check|conformance)
