@@ -164,6 +164,10 @@ BF16_PREFILL_WARP_SPEC = os.environ.get("MOE_CONFORMANCE_BF16_WARP_SPEC", "0") =
 # below at both models' sizes (results/gpu-issue28/run-37) and slower (run-38, gpt-oss-120b 8192 tokens, replay wall
 # time: the row below 3572.4 us; these tiles 4874.6, without inline tails 3881.9 persistent / 3999.5 not, 64-pair
 # blocks 4604.2): opt-in. MOE_CONFORMANCE_GLUON_BF16=1 makes it the table's row for the A/B (sm90 only).
+# Why both rewrites lost (Nsight Compute on an H100, results/gpu-issue28/run-39, gpt-oss-120b 8192 tokens): the row
+# below is bound by L2 bandwidth (GEMM1 L2 96% busy, DRAM 74%, tensor pipe 63%): a 128 x 256 tile reads 85 FLOP a
+# byte from L2 whoever issues its loads. Fewer L2 bytes a FLOP (two programs of a cluster sharing a tile by TMA
+# multicast, which Triton 3.6 does not lower) is the lever left.
 GLUON_BF16_PREFILL = os.environ.get("MOE_CONFORMANCE_GLUON_BF16", "0") == "1"
 GLUON_BF16_TILES = dict(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=4, maxnreg=168, group_m=8,
                         w2_block_n=256, tail_m=64, inline_tails=1, persistent=1, gluon_bf16=1)
