@@ -625,6 +625,32 @@ def test_tail_blocks_give_the_same_bits():
         assert set(backend.last_launch) == launches, (backend.last_launch, more)
 
 
+def test_the_tail_launch_takes_its_own_warps_and_n_tile_with_the_same_bits():
+    """tail_warps / tail_block_n: the tail launch (tail_m's second launch of each GEMM) at its own num_warps and N tile
+    (NVFP4 W4A16's 8-warp 128-column row leaves its 32-row tails one program a multiprocessor: results/gpu-issue28/
+    run-39), the main launch as it was; bit for bit the forward without them (an output's K reduction does not depend
+    on how many rows or columns a tile holds), on the bit-placement loop and the dequantizing one."""
+    for kernel, scheme in (("triton_bitplace", "w_nvfp4"), ("triton_bitplace", "w_nvfp4_a_nvfp4"),
+                           ("triton_emulation", "w_mxfp4_a_mxfp4")):
+        base = dict(block_m=32, tail_m=16, block_n=128, num_warps=8)
+        outs = []
+        for more in ({}, dict(tail_warps=4, tail_block_n=64)):
+            backend, out = _small_prefill_forward(kernel, scheme, {**base, **more})
+            outs.append(out)
+            for gemm in ("w13", "w2"):
+                main, tail = backend.last_launch[gemm][1], backend.last_launch[f"{gemm}_tail"][1]
+                assert (main["num_warps"], main["block_n"], main["block_m"]) == (8, 128, 32), (kernel, main)
+                assert (tail["num_warps"], tail["block_n"], tail["block_m"]) == ((more.get("tail_warps") or 8),
+                                                                                  more.get("tail_block_n") or 128, 16)
+        assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16)), (kernel, scheme)
+        assert outs[0].abs().sum() > 0
+    with pytest.raises(ValueError, match="need tail_m without inline_tails"):
+        _small_prefill_forward("triton_emulation", "bf16", dict(block_m=32, tail_warps=4))
+    with pytest.raises(ValueError, match="a multiple of 128"):  # 8 bit-placement warps: 128 weight rows at least
+        _small_prefill_forward("triton_bitplace", "w_nvfp4", dict(block_m=32, tail_m=16, block_n=128, num_warps=4,
+                                                                  tail_warps=8, tail_block_n=64))
+
+
 def test_quant_launch_quantizes_nvfp4_activations_in_their_own_launches_with_the_same_bits(monkeypatch):
     """quant_launch 1 (NVFP4 W4A4): GEMM1's and GEMM2's inputs by nvfp4_quantize_kernel's own launches, not folded into
     the routing launch and GEMM1's epilogue; bit for bit the folded forward's output, on tiles with tail blocks too

@@ -132,6 +132,11 @@ class TritonBitplaceBackend(TritonEmulationBackend):
             tiles = dict(self.tiles, block_k=128, block_n=fit(self.tiles["block_n"]), num_warps=warps)
             if tiles.get("w2_block_n"):
                 tiles["w2_block_n"] = fit(tiles["w2_block_n"])
+            tail_rows = 16 * (tiles.get("tail_warps") or warps)
+            if tiles.get("tail_warps") not in (None, 0, 4, 8) or (tiles.get("tail_block_n") or tail_rows) % tail_rows:
+                raise ValueError(f"the bit-placement tail launch takes 4 or 8 warps and an N tile of 64 rows a "
+                                 f"warpgroup repeated: tail_warps {tiles.get('tail_warps')}, tail_block_n "
+                                 f"{tiles.get('tail_block_n')} (a multiple of {tail_rows})")
             return tiles
         if triton_kernels.INTERPRET:
             return dict(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=2)

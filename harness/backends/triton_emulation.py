@@ -90,7 +90,7 @@ FUSED_ALIGN_STEPS = dict(FILL=1024, OWNER_BY_EXPERT=True, RANK_SORT=True)
 TILE_KEYS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "w2_block_n", "maxnreg", "mma_steps",
              "split_k", "mma_overlap", "w2_mma_overlap", "pdl", "persistent", "group_m", "tma", "tail_m",
              "serial_k", "warp_spec", "inline_tails", "quant_launch", "scale_regs", "w13_prefetch", "tile_major",
-             "gluon_prefill", "gluon_bf16")
+             "gluon_prefill", "gluon_bf16", "tail_warps", "tail_block_n")
 # optional keys: w2_block_n (GEMM2's N tile where it differs from GEMM1's), maxnreg (a register cap per thread, so
 # that more programs fit on a multiprocessor; 0 = the compiler's choice), mma_steps (triton_bitplace: MMA steps per
 # 128-value chunk, 1 or 2; 2 holds half the decoded tile in registers), split_k (triton_bitplace: the K chunks
@@ -110,7 +110,11 @@ TILE_KEYS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "w2_blo
 # bf16 weights only, the activations by pointers, no copy), tail_m (each expert's rows padded to tail_m, not block_m: the
 # blocks of block_m rows in one launch, the tail blocks left, tail_m rows each, in a second one; split_tail_blocks;
 # prefill only, not with split-K; a table row may give fit_tail_m 1 instead: tail_m then is fit_tail_m's choice for the
-# mean rows an expert of the call, and the row's inline_tails holds only where that choice is half a block), serial_k (moe_gemm_kernel with split_k: 1 finishes each tile in the GEMM's own
+# mean rows an expert of the call, and the row's inline_tails holds only where that choice is half a block; tail_warps,
+# tail_block_n: the tail launch's num_warps and N tile (both GEMMs') where they differ, so that a tail tile of few rows, whose K loop decodes as many weights
+# for a quarter of the MMAs, need not hold a multiprocessor alone: NVFP4 W4A16's 32-row tail launches at 8 warps, one
+# program a multiprocessor, ran the tensor pipe 20-23% busy for 16% of gpt-oss-120b's prefill, results/gpu-issue28/
+# run-39), serial_k (moe_gemm_kernel with split_k: 1 finishes each tile in the GEMM's own
 # launch, its last split adding the partial sums in order and running the epilogue, SERIAL_K, where
 # splitk_epilogue_kernel would run: one launch fewer; GEMM2's top-k sum stays its own launch), warp_spec (the bf16 TMA
 # loop with tma 1 and 128-row tiles warp-specialized by Triton's sm90 pass: a producer warpgroup, and num_warps warps
@@ -492,6 +496,9 @@ class TritonEmulationBackend:
         a1 = torch.empty(t, h, dtype=torch.bfloat16, device=dev) if fold_nvfp4 and p <= FUSED_ALIGN_MAX_PAIRS else None
         tail_m = tiles.get("tail_m") or 0
         inline = bool(tail_m and tiles.get("inline_tails"))
+        if (tiles.get("tail_warps") or tiles.get("tail_block_n")) and (not tail_m or inline):
+            raise ValueError(f"tail_warps and tail_block_n set the tail launch of tail_m's blocks: they need tail_m "
+                             f"without inline_tails, got tail_m {tail_m}, inline_tails {int(inline)}")
         if tail_m:
             if tail_m >= tiles["block_m"] or tiles["block_m"] % tail_m or tail_m < 16:
                 raise ValueError(f"tail_m must be at least 16, below block_m and divide it; got tail_m {tail_m}, "
@@ -521,7 +528,12 @@ class TritonEmulationBackend:
                 layouts = [(*big, None), (*tail, None)]
             else:
                 layouts = [(sorted_rows, block_expert, None)]
-        launches = [(*layout, tiles if i == 0 else {**tiles, "block_m": tail_m}) for i, layout in enumerate(layouts)]
+        tail_tiles = {**tiles, "block_m": tail_m}
+        if tiles.get("tail_warps"):
+            tail_tiles["num_warps"] = tiles["tail_warps"]
+        if tiles.get("tail_block_n"):
+            tail_tiles.update(block_n=tiles["tail_block_n"], w2_block_n=tiles["tail_block_n"])
+        launches = [(*layout, tiles if i == 0 else tail_tiles) for i, layout in enumerate(layouts)]
         if a1 is None:
             a1, a1_mode, a1_scale = self._quantize_activation(x, prepared.a1_scale, aq, fp8_fmt)
         else:
