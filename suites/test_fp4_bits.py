@@ -74,6 +74,36 @@ def test_nvfp4_factor_by_an_exponent_add_equals_the_multiplies_for_every_normal_
         assert not bool((got[low] == want[low]).any()), pos
 
 
+def test_nvfp4_factor_from_biased_codes_equals_the_multiplies_for_every_positive_normal_scale():
+    """NORMAL 2 (triton_kernels._nvfp4_factor_halves) in torch: prepare() stores each positive normal E4M3 code s as
+    s + 0x78 (triton_bitplace._NV_BIAS, through bitplace_scales); with four such bytes in a word sw, even = ((sw << 4)
+    & 0x0FF00FF0) | 0x70007000 holds bytes 0 and 2 in its halves, odd the same of sw >> 4 (arithmetic: every biased
+    byte has its top bit set) bytes 1 and 3; each half is the bf16 bits of the code's value x 2^119 (the two
+    multiplies' value) for every positive normal code in every byte position beside any other such bytes. A negative
+    code cannot be stored so (bitplace_scales refuses it; prepare() keeps NV_NORMAL 1 then)."""
+    from harness.backends.triton_bitplace import _NV_BIAS, bitplace_scales, unbitplace_scales
+
+    codes = torch.arange(0x08, 0x7F, dtype=torch.int64)  # the positive normal codes
+    bf = lambda x: torch.tensor(x, dtype=torch.bfloat16)  # noqa: E731
+    want = (place_e4m3(codes.to(torch.uint8)) * bf(2.0**127) * bf(2.0**112)).view(torch.int16).to(torch.int64) & 0xFFFF
+    g = torch.Generator().manual_seed(6)
+    for pos in range(4):
+        others = torch.randint(0x08, 0x7F, (len(codes), 4), generator=g)
+        others[:, pos] = codes
+        stored = bitplace_scales(others.to(torch.uint8)[None], False, 4, _NV_BIAS)[0].to(torch.int64)
+        assert torch.equal(unbitplace_scales(stored.to(torch.uint8)[None], 4, False, _NV_BIAS)[0].to(torch.int64),
+                           others)
+        sw = sum(stored[:, i] << (8 * i) for i in range(4))
+        sw = (sw ^ 0x80000000) - 0x80000000  # as a signed int32
+        even = ((sw << 4) & 0x0FF00FF0) | 0x70007000
+        odd = ((sw >> 4) & 0x0FF00FF0) | 0x70007000
+        got = ((even if pos % 2 == 0 else odd) >> (16 * (pos // 2))) & 0xFFFF
+        assert torch.equal(got, want), pos
+    for bad in (0x00, 0x05, 0x7F, 0x88):  # zero, subnormal, NaN, negative
+        with pytest.raises(ValueError, match="positive normal"):
+            bitplace_scales(torch.full((1, 1, 4), bad, dtype=torch.uint8), False, 8, _NV_BIAS)
+
+
 def _matches_reference(decode, top: int) -> bool:
     packed, s = _every_byte_under(range(0, top + 1))
     got = decode(packed, s)
@@ -132,9 +162,10 @@ def test_the_bitplace_backend_folds_only_where_exact():
 
 
 def test_nvfp4_factors_by_an_exponent_add_only_where_every_scale_is_normal(monkeypatch):
-    """prepare() of an NVFP4 checkpoint sets NV_NORMAL (the factors' exponent by an integer add; opt-in) where every
-    block scale of both GEMMs is a normal E4M3 number; one zero, negative zero or subnormal scale anywhere leaves the
-    multiplies (the add would give it 2^112 x (1 + m / 8))."""
+    """prepare() of an NVFP4 checkpoint sets NV_NORMAL (the factors' exponent by an integer add) where every block
+    scale of both GEMMs is a normal E4M3 number; one zero, negative zero or subnormal scale anywhere leaves the
+    multiplies (the add would give it 2^112 x (1 + m / 8)). Where every one is positive too, NV_NORMAL is 2 and the
+    codes are stored plus 0x78 (NVFP4_BIASED_SCALES); one negative normal scale keeps them as they are (NV_NORMAL 1)."""
     import dataclasses
 
     from harness.backends import triton_bitplace
@@ -146,12 +177,20 @@ def test_nvfp4_factors_by_an_exponent_add_only_where_every_scale_is_normal(monke
     monkeypatch.setattr(triton_bitplace, "NVFP4_EXPONENT_ADD", False)
     assert backend.prepare(ckpt).constexprs == dict(BITPLACE=True, ROW_PAIRS=backend.row_pairs)
     monkeypatch.setattr(triton_bitplace, "NVFP4_EXPONENT_ADD", True)
+    monkeypatch.setattr(triton_bitplace, "NVFP4_BIASED_SCALES", False)
     assert backend.prepare(ckpt).constexprs == dict(BITPLACE=True, ROW_PAIRS=backend.row_pairs, NV_NORMAL=True)
-    for which, code in (("w2", 0x00), ("w13", 0x80), ("w2", 0x05), ("w13", 0x87)):
+    monkeypatch.setattr(triton_bitplace, "NVFP4_BIASED_SCALES", True)  # every scale positive too: stored biased
+    prep = backend.prepare(ckpt)
+    assert prep.constexprs == dict(BITPLACE=True, ROW_PAIRS=backend.row_pairs, NV_NORMAL=2)
+    for stored in (prep.w13_scale, prep.w2_scale):  # every code biased (0x80-0xF6; zero bytes pad rows to chunks)
+        assert int(stored[stored != 0].min()) >= 0x80 and int(stored.max()) <= 0xF6
+    for which, code, mode in (("w2", 0x00, None), ("w13", 0x80, None), ("w2", 0x05, None), ("w13", 0x87, None),
+                              ("w2", 0xB8, True), ("w13", 0xF0, True)):  # a negative normal scale: NV_NORMAL 1
         scale = getattr(ckpt, which).scale.clone()
         scale[-1, -1, -1] = code
         low = dataclasses.replace(ckpt, **{which: dataclasses.replace(getattr(ckpt, which), scale=scale)})
-        assert backend.prepare(low).constexprs == dict(BITPLACE=True, ROW_PAIRS=backend.row_pairs), (which, code)
+        want = dict(BITPLACE=True, ROW_PAIRS=backend.row_pairs, **({"NV_NORMAL": mode} if mode else {}))
+        assert backend.prepare(low).constexprs == want, (which, code)
 
 
 @pytest.mark.parametrize("k", [2880, 7168, 2048, 768, 160], ids=lambda k: f"K{k}")
@@ -692,10 +731,10 @@ def test_configure_starts_from_the_base_tiles_not_a_table_row_or_an_earlier_swee
         assert tiles["num_stages"] == 3 and tiles["block_m"] == 64
 
 
-def test_the_bit_for_bit_tool_reports_a_backend_one_ulp_off(monkeypatch, capsys):
+def test_the_bit_for_bit_tool_reports_a_backend_one_ulp_off(monkeypatch, capsys, tmp_path):
     """tools/bit_for_bit.py (the GPU runs' smoke check): the same backend at the same split agrees bit for bit (exit
     0); a backend whose output differs from the reference's in one bf16 ulp of one element is reported at each point
-    (the exit status counts them)."""
+    (the exit status counts them); so too against the outputs a --save run kept (--against, across processes)."""
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "tools"))
     import bit_for_bit
 
@@ -720,6 +759,20 @@ def test_the_bit_for_bit_tool_reports_a_backend_one_ulp_off(monkeypatch, capsys)
         return backend
     monkeypatch.setattr(bit_for_bit, "load_backend", one_ulp_off)
     assert bit_for_bit.main(argv) == 2
+    assert capsys.readouterr().out.count("bit for bit False") == 2
+    # across processes: a --save run's outputs, then --against them (no reference backend run)
+    monkeypatch.setattr(bit_for_bit, "load_backend", real)
+    kept = str(tmp_path / "kept.pt")
+    alone = ["--model", "cpu", "--scheme", "w_mxfp4", "--tokens", "8", "--backend", "triton_bitplace", "--config",
+             "num_stages=2", "--sweep", "split_k=1,2"]
+    assert bit_for_bit.main(alone + ["--save", kept]) == 0
+    assert capsys.readouterr().out.count(": kept") == 2
+    assert bit_for_bit.main(alone + ["--against", kept]) == 0
+    assert capsys.readouterr().out.count("bit for bit True") == 2
+    calls.clear()
+    calls.append("(no reference loaded: the backend is the second load)")
+    monkeypatch.setattr(bit_for_bit, "load_backend", one_ulp_off)
+    assert bit_for_bit.main(alone + ["--against", kept]) == 2
     assert capsys.readouterr().out.count("bit for bit False") == 2
 
 
@@ -1169,6 +1222,10 @@ def test_the_gluon_gemm_takes_exactly_the_launches_its_contract_covers(monkeypat
     assert gluon._partials_kernel(nv_prep, "w13", 0, decode, None, 128, 256, 256) is not None
     assert gluon._partials_kernel(nv_prep, "w13", 0, decode, None, 112, 224, 256) is None  # 112 rows: 3.5 x 32
     gluon._partials_kernel(nv_prep, "w2", 0, decode, None, 256, 256, 128)(
+        torch.zeros(2, 128, dtype=torch.bfloat16), None, None, None, 2, 1, 256, 256, 128, False, 1)
+    assert seen[-1][-3] == 3, seen  # W_NV 3: every scale positive and normal, stored biased
+    monkeypatch.setattr(triton_bitplace, "NVFP4_BIASED_SCALES", False)
+    gluon._partials_kernel(gluon.prepare(nv), "w2", 0, decode, None, 256, 256, 128)(
         torch.zeros(2, 128, dtype=torch.bfloat16), None, None, None, 2, 1, 256, 256, 128, False, 1)
     assert seen[-1][-3] == 2, seen  # W_NV 2: every scale normal, the factors by an exponent add
     import dataclasses

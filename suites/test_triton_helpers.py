@@ -43,6 +43,41 @@ def test_round_bf16_rounds_like_torch_and_keeps_every_nan_a_nan():
 
 
 @triton.jit
+def _nvfp4_factor_halves_kernel(sw_ptr, even_ptr, odd_ptr, NORMAL: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    even, odd = K._nvfp4_factor_halves(tl.load(sw_ptr + offs), NORMAL)
+    tl.store(even_ptr + offs, even)
+    tl.store(odd_ptr + offs, odd)
+
+
+@pytest.mark.parametrize("normal", [1, 2], ids=["exponent_add", "biased_codes"])
+def test_the_kernels_nvfp4_factor_words_are_each_codes_value_times_2_to_the_119(normal):
+    """triton_kernels._nvfp4_factor_halves itself (interpreted on the CPU, compiled on a GPU), NORMAL 1 (the codes
+    as they are) and 2 (stored plus triton_bitplace._NV_BIAS by bitplace_scales): for every normal E4M3 code (NORMAL
+    2: every positive one) in every byte position of a word beside random others, the half of the even (bytes 0, 2)
+    or odd (1, 3) word is the bf16 bits of the code's value x 2^119, fp4_bits.place_e4m3's value times 2^127 and
+    2^112 in bf16 (the multiplies the integer forms replace)."""
+    from harness.backends.fp4_bits import place_e4m3
+    from harness.backends.triton_bitplace import _NV_BIAS, bitplace_scales
+
+    codes = torch.tensor([c for c in range(256) if (c & 0x78) and (c & 0x7F) != 0x7F and (normal == 1 or c < 0x80)])
+    bf = lambda x: torch.tensor(x, dtype=torch.bfloat16)  # noqa: E731
+    want = (place_e4m3(codes.to(torch.uint8)) * bf(2.0**127) * bf(2.0**112)).view(torch.int16).to(torch.int64) & 0xFFFF
+    g = torch.Generator().manual_seed(7)
+    block = 1 << (len(codes) - 1).bit_length()
+    device = default_device()
+    for pos in range(4):
+        words = codes[torch.randint(0, len(codes), (block, 4), generator=g)]
+        words[:len(codes), pos] = codes
+        stored = bitplace_scales(words.to(torch.uint8)[None], False, 4, _NV_BIAS if normal == 2 else 0)[0]
+        sw = stored.contiguous().view(torch.int32).view(-1)
+        even, odd = torch.empty_like(sw, device=device), torch.empty_like(sw, device=device)
+        _nvfp4_factor_halves_kernel[(1,)](sw.to(device), even, odd, NORMAL=normal, BLOCK=block)
+        got = (((even if pos % 2 == 0 else odd).cpu().to(torch.int64) >> (16 * (pos // 2))) & 0xFFFF)[:len(codes)]
+        assert torch.equal(got, want), (pos, (got != want).nonzero()[:4].flatten().tolist())
+
+
+@triton.jit
 def _round_to_format_kernel(x_ptr, out_ptr, code_value_ptr, n, MBITS: tl.constexpr, EMIN: tl.constexpr,
                             EMAX: tl.constexpr, MAX_MANTISSA: tl.constexpr, MAX_CODE: tl.constexpr,
                             EBITS: tl.constexpr, BIAS: tl.constexpr, BLOCK: tl.constexpr):
@@ -409,6 +444,25 @@ def test_the_opt_in_variants_measured_slower_compile_for_sm90(tmp_path, hypothes
     assert not serialized, serialized[:3]
 
 
+
+def test_the_nvfp4_block_factors_reach_the_packed_multiplies_by_operand_selector_not_byte_permutes(tmp_path):
+    """NVFP4's bit-placement K loop (triton_bitplace, compiled for sm90 on the CPU by tools/count_loop_instructions):
+    each block factor is half of an undoubled word (triton_kernels.HALF_SELECT, _scaled_halves_bf16_half), which
+    ptxas reads in place through the packed multiply's operand selector (HMUL2 ... R.H0_H0 / R.H1_H1), so the loop
+    holds no byte permute (prmt) duplicating factors: 32 SASS fewer a K step (Triton 3.6: decode 514 -> 482, the
+    prefill row 552 -> 520). Doubled words (MOE_CONFORMANCE_NVFP4_HALF_SELECT=0) fail it: 32 PRMT, no selector."""
+    root = Path(__file__).resolve().parents[1]
+    run = subprocess.run([sys.executable, "tools/count_loop_instructions.py", "--tokens", "8", "--path",
+                          "w_nvfp4/triton_bitplace", "--sass", str(tmp_path)], capture_output=True, text=True,
+                         cwd=root, timeout=600, env=dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "cache"),
+                                                         OUT=str(tmp_path)))
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    listing = [line for f in tmp_path.glob("*.sass") for line in f.read_text().splitlines()
+               if re.match(r"[A-Z]", line)]  # the loop's instructions (the opcode histogram lines are indented)
+    multiplies = [line for line in listing if line.startswith("HMUL2")]
+    assert len(multiplies) == 64, multiplies[:4]  # 4 pairs x 4 words x 2 rows x gate and up a thread
+    assert all(re.search(r"\.H([01])_H\1\b", line) for line in multiplies), multiplies[:4]
+    assert not [line for line in listing if line.startswith("PRMT")], listing[:8]
 def test_a_dependent_launch_that_reads_or_writes_before_its_wait_is_reported():
     """compile_check.dependent_launch_violations on PTX as the compiler writes it: a dependent that never waits,
     stores before its wait, or loads before it (beyond GEMM2's one load of its block's expert) is reported."""

@@ -10,9 +10,9 @@ launch is compiled for the target with the installed Triton's own ptxas.
         [--tokens 1 64] [--skip moe_gemm_kernel] [--configure block_n=128 ...]
 
 A case may carry its own launch parameters after an @ (`triton_bitplace_gluon/w_nvfp4/SILU@block_n=128,pdl=2`):
-tile keys for backend.configure (over --configure's), `tokens` (instead of --tokens) and `exponent_add`
-(triton_bitplace.NVFP4_EXPONENT_ADD for that case), so that many variants compile in one process (each distinct
-launch once). One line a case says what it launched: `case C, T tokens: N launches (name xK, ...), D dependents`;
+tile keys for backend.configure (over --configure's), `tokens` (instead of --tokens), `exponent_add` and
+`biased_scales` (triton_bitplace.NVFP4_EXPONENT_ADD / NVFP4_BIASED_SCALES for that case), so that many variants
+compile in one process (each distinct launch once). One line a case says what it launched: `case C, T tokens: N launches (name xK, ...), D dependents`;
 one line a compiled launch, with what ptxas said (registers, spill bytes, wgmma serialized: compile_with_ptxas_log).
 
 Must be imported with TRITON_INTERPRET unset or 0 (the kernels are then JIT functions the compiler takes);
@@ -234,8 +234,9 @@ def main(argv=None) -> int:
         backend_name, scheme, activation = spec.split("/")
         own = dict(kv.split("=", 1) for kv in own.split(",")) if own else {}
         case_tokens = [int(own.pop("tokens"))] if "tokens" in own else args.tokens
-        exponent_add = triton_bitplace.NVFP4_EXPONENT_ADD
+        exponent_add, biased = triton_bitplace.NVFP4_EXPONENT_ADD, triton_bitplace.NVFP4_BIASED_SCALES
         triton_bitplace.NVFP4_EXPONENT_ADD = bool(int(own.pop("exponent_add", exponent_add)))
+        triton_bitplace.NVFP4_BIASED_SCALES = bool(int(own.pop("biased_scales", biased)))
         backend = load_backend(backend_name)
         backend.device = "cpu"
         tiles = {**params, **own}
@@ -279,7 +280,7 @@ def main(argv=None) -> int:
                     cause = f" ({type(exc.__cause__).__name__}: {exc.__cause__})" if exc.__cause__ else ""
                     print(f"FAILED {name} ({case}, {tokens} tokens): {type(exc).__name__}: {str(exc)[-600:]}{cause}",
                           flush=True)
-        triton_bitplace.NVFP4_EXPONENT_ADD = exponent_add
+        triton_bitplace.NVFP4_EXPONENT_ADD, triton_bitplace.NVFP4_BIASED_SCALES = exponent_add, biased
     print(f"{len(seen)} launches compiled, {failed} failed")
     return 1 if failed else 0
 

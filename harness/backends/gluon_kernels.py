@@ -143,10 +143,11 @@ def _tile_factors(slot, W_NV: gl.constexpr, SL: gl.constexpr, SVIEW: gl.constexp
     """The block factors of a tile's scale box as bf16x2 words (the factor in both halves), [64 rows, 4 q] in SL:
     (f01, f23), the factors of pairs 0, 1 and of pairs 2, 3 of word 4t + q. MX: the stored exponent field of
     2^(s - 1) placed at bit 7, one block (32 columns) for all four pairs; NVFP4 (W_NV): the E4M3 scale x 2^119
-    (triton_kernels._nvfp4_factor_words; W_NV 2: every scale normal, the exponent by an integer add), block 2q
+    (triton_kernels._nvfp4_factor_words; W_NV 2: every scale normal, the exponent by an integer add; 3: and the
+    codes stored biased, triton_bitplace._NV_BIAS), block 2q
     (columns 32q .. + 15, i2 = 0: pairs 0, 1) and block 2q + 1."""
     if W_NV:
-        d0, d1, d2, d3 = K._nvfp4_factor_words(_scale_words(slot, SCALE_WORDS, SVIEW), W_NV == 2)  # 4w + 0..3
+        d0, d1, d2, d3 = K._nvfp4_factor_words(_scale_words(slot, SCALE_WORDS, SVIEW), W_NV - 1)  # 4w + 0..3
         f01 = gl.convert_layout(gl.reshape(gl.join(d0, d2), [64, 4]), SL, assert_trivial=True)  # q = 2w + j
         f23 = gl.convert_layout(gl.reshape(gl.join(d1, d3), [64, 4]), SL, assert_trivial=True)
     else:
@@ -754,7 +755,7 @@ def launch_bitplace_partials(launcher, codes, scales_t, a, partials, sorted_rows
     scales_by_chunk, partials fp32 [split_k, n_pairs, 2, n_out]; overlap: the consumer's schedule (_consumer);
     tiles: 64-row tiles (consumer warpgroups) a program, 1 or 2; nvfp4: NVFP4 weights (scales_t of 8 bytes a row
     and chunk, read as rows of 256 bytes: n_rows and n_out multiples of 32), 2 where every scale is a normal E4M3
-    number (triton_kernels._nvfp4_factor_words' NORMAL); pdl: 0, or the kernel's PDL mode as a
+    number, 3 where they are positive too and stored biased (1 + triton_kernels._nvfp4_factor_words' NORMAL); pdl: 0, or the kernel's PDL mode as a
     programmatic dependent (1 GEMM1, 2 GEMM2: ungated only; triton_kernels.PDL_ORDER); persistent: 0, or that many
     programs, each running the plain grid's programs program_id, + persistent, ... on one ring (PERSIST; schedule 0,
     GEMM2's prefetch mode 2 as mode 1: the items' weights are not one program's); serial: None, or the kernel's

@@ -41,6 +41,13 @@ from .triton_emulation import TritonEmulationBackend, multiprocessors, split_k_t
 # NVFP4 conformance and special values 72 passed, bit for bit against moe_gemm_kernel at 1 / 8 / 64 tokens, memcheck
 # 0; NVFP4 decode 0-1.7% faster (Kimi-K2 8 tokens 508.0 -> 499.6 us). MOE_CONFORMANCE_NVFP4_EXPONENT_ADD=0: multiplies
 NVFP4_EXPONENT_ADD = os.environ.get("MOE_CONFORMANCE_NVFP4_EXPONENT_ADD", "1") == "1"
+# And where every scale is also positive (as every NVFP4 checkpoint writer's amax-based scales are), prepare() stores
+# each E4M3 code s as s + 0x78 (NV_NORMAL 2, _NV_BIAS): (e + 15) << 3 | m, at most 0xF6, so that the factor's bf16 bits
+# (e + 239) << 7 | m << 4 are the stored byte shifted by 4 with 0x7000 or'ed in, one shift and one and-or a word of
+# two factors (triton_kernels._nvfp4_factor_halves) where the add took six or seven: 24 SASS fewer a K step again
+# (Triton 3.6 for sm90: decode 482 -> 458, the Gluon decode GEMM 418 -> 394, the 8-warp prefill row 520 -> 496). Not
+# yet timed on a GPU (results/gpu-issue28/run-41); MOE_CONFORMANCE_NVFP4_BIASED_SCALES=0 keeps the codes as they are.
+NVFP4_BIASED_SCALES = os.environ.get("MOE_CONFORMANCE_NVFP4_BIASED_SCALES", "1") == "1"
 # The decode row's split-K tiles finished in the GEMM's own launch by their last split (the tile key serial_k:
 # moe_gemm_kernel's SERIAL_K, the Gluon kernel's SERIAL), one launch fewer (GEMM1's splitk_epilogue_kernel). On the
 # H200 (results/gpu-issue28/run-22): bit for bit with serial_k 0 on both kernels and models, 1 and 8 tokens, MXFP4 and
@@ -160,9 +167,15 @@ class TritonBitplaceBackend(TritonEmulationBackend):
         if not exact:
             return dataclasses.replace(prep, constexprs=dict(BITPLACE=False))
         block = 32 if mx else 16
+        # NVFP4's factors by an integer add where every E4M3 scale is normal (no zero, no subnormal; NV_NORMAL 1),
+        # from biased codes where every one is positive too (NV_NORMAL 2)
+        nv_normal = 0
+        if NVFP4_EXPONENT_ADD and not mx and all(bool(((s & 0x78) != 0).all()) for s in scales):
+            nv_normal = 2 if NVFP4_BIASED_SCALES and all(int(s.max()) < 0x80 for s in scales) else 1
+        nv_bias = _NV_BIAS if nv_normal == 2 else 0
         laid = dict(w13=mma_order_codes(ckpt.w13.data), w2=mma_order_codes(ckpt.w2.data),
-                    w13_scale=bitplace_scales(scales[0], mx, 128 // block),
-                    w2_scale=bitplace_scales(scales[1], mx, 128 // block))
+                    w13_scale=bitplace_scales(scales[0], mx, 128 // block, nv_bias),
+                    w2_scale=bitplace_scales(scales[1], mx, 128 // block, nv_bias))
         if self.row_pairs:
             act = ckpt.activation
             halves = act.gated and act.interleaved  # the kernel then reads gate rows, then up rows
@@ -189,10 +202,8 @@ class TritonBitplaceBackend(TritonEmulationBackend):
                                                                                                  per_chunk))
                                for k in ("w13", "w2") if laid[k].shape[1] % 64 == 0})
         constexprs = dict(BITPLACE=True, ROW_PAIRS=self.row_pairs)
-        if NVFP4_EXPONENT_ADD and not mx and all(bool(((s & 0x78) != 0).all()) for s in scales):
-            # every E4M3 scale normal (no zero, no subnormal): the factors by an integer add (triton_kernels.
-            # _nvfp4_factor_words), fewer instructions a K step
-            constexprs["NV_NORMAL"] = True
+        if nv_normal:  # the factors by an integer add (triton_kernels._nvfp4_factor_halves), fewer instructions
+            constexprs["NV_NORMAL"] = True if nv_normal == 1 else nv_normal
         return dataclasses.replace(prep, constexprs=constexprs, extras=extras, **laid)
 
     def _partials_kernel(self, prep, which, a_mode, tiles, quantize_nvfp4, n_out, n_rows, k_dim):
@@ -253,7 +264,7 @@ class TritonBitplaceBackend(TritonEmulationBackend):
             return launch_bitplace_partials(triton_kernels.bitplace_partials_kernel, codes, scales, a, partials,
                                             sorted_rows, block_expert, n_pairs, a_row_div, n_out, n_rows, k_dim,
                                             gated, split_k, stages, maxnreg, overlap, per_program,
-                                            2 if nvfp4 and prep.constexprs.get("NV_NORMAL") else int(nvfp4), pdl,
+                                            1 + int(prep.constexprs.get("NV_NORMAL", 0)) if nvfp4 else 0, pdl,
                                             gluon_programs_at_once(block_n, maxnreg, stages, gated, nvfp4,
                                                                    multiprocessors(a.device)) if persistent else 0,
                                             **({"serial": serial} if serial else {}),
@@ -355,28 +366,34 @@ def unpair_rows(t: torch.Tensor, chunk_bytes: int) -> torch.Tensor:
     return t.view(e, n // 2, width // chunk_bytes, 2, chunk_bytes).transpose(2, 3).reshape(e, n, width).contiguous()
 
 
-def bitplace_scales(scales: torch.Tensor, mx: bool, per_chunk: int) -> torch.Tensor:
+def bitplace_scales(scales: torch.Tensor, mx: bool, per_chunk: int, nv_bias: int = 0) -> torch.Tensor:
     """Block scales [E, N, K / block] (uint8) in the kernel's layout: each row padded with zero bytes to whole
     128-value chunks (per_chunk scales each: 4 for MX, 8 for NVFP4; whole 32-bit words), MX scales stored as
-    s + 126 (the bf16 exponent field of 2^(s - 1), s <= 128), NVFP4 E4M3 codes as they are. A pure data
-    movement and a byte offset; unbitplace_scales inverts it."""
+    s + 126 (the bf16 exponent field of 2^(s - 1), s <= 128), NVFP4 E4M3 codes as they are, or plus nv_bias
+    (_NV_BIAS: positive normal codes only, 0x08-0x7E). A pure data movement and a byte offset; unbitplace_scales
+    inverts it."""
     if scales.dtype != torch.uint8 or scales.dim() != 3:
         raise TypeError(f"scales must be uint8 [E, N, K / block], got {scales.dtype} {tuple(scales.shape)}")
     if mx and int(scales.max()) > E8M0_FOLDABLE_MAX:
         raise ValueError(f"E8M0 scales above {E8M0_FOLDABLE_MAX} do not fold into one bf16 factor")
+    if nv_bias and (mx or not bool(((scales >= 0x08) & (scales <= 0x7E)).all())):
+        raise ValueError("nv_bias takes NVFP4 scales that are all positive normal E4M3 codes (0x08-0x7E)")
     width = -(-scales.shape[2] // per_chunk) * per_chunk
     out = torch.zeros(*scales.shape[:2], width, dtype=torch.uint8, device=scales.device)
-    out[..., :scales.shape[2]] = scales + _MX_FOLD if mx else scales
+    out[..., :scales.shape[2]] = scales + (_MX_FOLD if mx else nv_bias)
     return out
 
 
-def unbitplace_scales(words: torch.Tensor, blocks: int, mx: bool) -> torch.Tensor:
+def unbitplace_scales(words: torch.Tensor, blocks: int, mx: bool, nv_bias: int = 0) -> torch.Tensor:
     """The inverse of bitplace_scales: the first `blocks` bytes of each row, MX exponents back to E8M0 codes."""
     s = words[..., :blocks]
-    return (s - _MX_FOLD if mx else s).contiguous()
+    return (s - (_MX_FOLD if mx else nv_bias)).contiguous()
 
 
 _MX_FOLD = 126  # 2^(s - 1) = 2^(s - 127) x 2^126: the E2M1 placement's bias, folded into the scale's exponent
+# NV_NORMAL 2's stored codes: s + 0x78 = (e + 15) << 3 | m, whose bits 4 up with 0x7000 or'ed in are the bf16 bits of
+# s x 2^119 (exponent field e + 239 = 224 + (e + 15), no carry: e + 15 < 32)
+_NV_BIAS = 0x78
 _NVFP4_FOLD = 2.0**7  # NVFP4 weights decode to value x 2^-7 (the E4M3 factor x 2^119 replaces a x 2^126 per pair)
 
 

@@ -28,6 +28,13 @@ import triton.language as tl  # noqa: E402
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: E402
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+# NVFP4 block factors in the bit-placement loop as undoubled words, each product reading its factor's half in place
+# (_scaled_halves_bf16_half: ptxas folds the half into the packed multiply's operand selector, HMUL2 R.H0_H0 / H1_H1),
+# where doubling each factor into both halves cost one byte permute a block: 32 SASS fewer a K step for Triton 3.6 on
+# sm90 (tools/count_loop_instructions.py, gpt-oss-120b: decode 514 -> 482, the 8-warp prefill row 552 -> 520; Triton
+# 3.9 523 -> 491), the same products. Not yet timed on a GPU (results/gpu-issue28/run-41);
+# MOE_CONFORMANCE_NVFP4_HALF_SELECT=0 doubles the factors as before (A/B runs).
+HALF_SELECT = tl.constexpr(os.environ.get("MOE_CONFORMANCE_NVFP4_HALF_SELECT", "1") == "1")
 
 # PDL_ORDER: the decode chain under programmatic dependent launch (Hopper's griddepcontrol; the Gluon backend's
 # `pdl` launch parameter). A kernel launched as a dependent may start while the kernel before it still runs, once
@@ -506,7 +513,8 @@ def _fp4_bitplace_decode(w_ptr, sw, expert, n0, ROW_MUL: tl.constexpr, ROW_ADD, 
     factor): MX by one integer multiply of the scale byte (x 0x00800080), NVFP4 by one byte permute (prmt) per
     block of the placed pairs, rather than extracting 16-bit factors and duplicating them at each multiply (issue 28:
     K loop MXFP4 462 -> 446, NVFP4 560 -> 528 SASS; on the H200 bit for bit the old outputs and no slower,
-    results/gpu-issue28/run-4).
+    results/gpu-issue28/run-4); with HALF_SELECT, NVFP4's factors stay two a word (even and odd blocks) and each
+    multiply reads its half through the operand selector, no permute at all (_scaled_by_half_q).
     bf16 on the GPU; fp32 (the same placement, 16 bits higher) under the interpreter, whose bf16 is unsound."""
     e64 = expert.to(tl.int64)
     n = _mma_rows(n0, REPS)
@@ -541,9 +549,19 @@ def _fp4_bitplace_decode(w_ptr, sw, expert, n0, ROW_MUL: tl.constexpr, ROW_ADD, 
         SWP: tl.constexpr = QW // 2  # scale words of this part
         if INTERPRET_DOT:
             sbytes = tl.reshape(_bytes_of_words(sw), (8, 4, REPS, 2, 1, 4 * SWP))
+            if NV_NORMAL == 2:  # the codes were stored plus triton_bitplace._NV_BIAS
+                sbytes = sbytes - 0x78
             e4m3 = ((((sbytes & 0x7F) << 4) | ((sbytes & 0x80) << 8)) << 16).to(tl.float32, bitcast=True)
             e4m3 = (e4m3 * 1.7014118346046923e38) * 5.192296858534828e33  # x 2^127 x 2^112: s x 2^119
             fbits = (e4m3.to(tl.uint32, bitcast=True) >> 16).to(tl.int32)
+            if HALF_SELECT:  # the compiled path's words: block 4w + 2j + i in half j of word w's even (i 0) / odd
+                fe, fo = tl.split(tl.reshape(fbits, (8, 4, REPS, 2, 1, SWP, 2, 2)))
+                fe_lo, fe_hi = tl.split(fe)
+                fo_lo, fo_hi = tl.split(fo)
+                even = fe_lo | (fe_hi << 16)
+                odd = fo_lo | (fo_hi << 16)
+        elif HALF_SELECT:
+            even, odd = _nvfp4_factor_halves(sw, NV_NORMAL)
         else:
             d0, d1, d2, d3 = _nvfp4_factor_words(sw, NV_NORMAL)
             fbits = tl.reshape(_in_order(d0, d1, d2, d3), (8, 4, REPS, 2, 1, 4 * SWP))
@@ -551,24 +569,33 @@ def _fp4_bitplace_decode(w_ptr, sw, expert, n0, ROW_MUL: tl.constexpr, ROW_ADD, 
     # together into one 32-bit word, the bf16x2 register that the MMA takes
     p0, p1, p2, p3 = _place_pairs(tl.reshape(word, (8, 4, REPS, 2, 4, QW)))
     # MX: every pair of word (t, q) is in block q; NVFP4: pairs n = 0, 1 in block 2q, pairs 2, 3 in block 2q + 1
-    if W_KIND == 1:
-        f01 = tl.broadcast_to(fbits, (8, 4, REPS, 2, 4, QW))
-        f23 = f01
+    if W_KIND == 2 and HALF_SELECT:
+        # block 2q (2q + 1) is half q % 2 of even (odd) word q // 2: each product reads its half in place
+        ev = tl.broadcast_to(tl.reshape(even, (8, 4, REPS, 2, 1, SWP)), (8, 4, REPS, 2, 4, SWP))
+        od = tl.broadcast_to(tl.reshape(odd, (8, 4, REPS, 2, 1, SWP)), (8, 4, REPS, 2, 4, SWP))
+        lo0, hi0 = _scaled_by_half_q(p0, ev, REPS, SWP, INTERPRET_DOT)
+        lo1, hi1 = _scaled_by_half_q(p1, ev, REPS, SWP, INTERPRET_DOT)
+        lo2, hi2 = _scaled_by_half_q(p2, od, REPS, SWP, INTERPRET_DOT)
+        lo3, hi3 = _scaled_by_half_q(p3, od, REPS, SWP, INTERPRET_DOT)
     else:
-        f01, f23 = tl.split(tl.reshape(fbits, (8, 4, REPS, 2, 1, QW, 2)))
-        f01 = tl.broadcast_to(f01, (8, 4, REPS, 2, 4, QW))
-        f23 = tl.broadcast_to(f23, (8, 4, REPS, 2, 4, QW))
-    if INTERPRET_DOT:
-        # the fp32 twin: each 16-bit pattern 16 bits up is the same value; the same exact products
-        lo0, hi0 = _scaled_halves_f32(p0, f01, W_KIND)
-        lo1, hi1 = _scaled_halves_f32(p1, f01, W_KIND)
-        lo2, hi2 = _scaled_halves_f32(p2, f23, W_KIND)
-        lo3, hi3 = _scaled_halves_f32(p3, f23, W_KIND)
-    else:
-        lo0, hi0 = _scaled_halves_bf16(p0, f01)
-        lo1, hi1 = _scaled_halves_bf16(p1, f01)
-        lo2, hi2 = _scaled_halves_bf16(p2, f23)
-        lo3, hi3 = _scaled_halves_bf16(p3, f23)
+        if W_KIND == 1:
+            f01 = tl.broadcast_to(fbits, (8, 4, REPS, 2, 4, QW))
+            f23 = f01
+        else:
+            f01, f23 = tl.split(tl.reshape(fbits, (8, 4, REPS, 2, 1, QW, 2)))
+            f01 = tl.broadcast_to(f01, (8, 4, REPS, 2, 4, QW))
+            f23 = tl.broadcast_to(f23, (8, 4, REPS, 2, 4, QW))
+        if INTERPRET_DOT:
+            # the fp32 twin: each 16-bit pattern 16 bits up is the same value; the same exact products
+            lo0, hi0 = _scaled_halves_f32(p0, f01)
+            lo1, hi1 = _scaled_halves_f32(p1, f01)
+            lo2, hi2 = _scaled_halves_f32(p2, f23)
+            lo3, hi3 = _scaled_halves_f32(p3, f23)
+        else:
+            lo0, hi0 = _scaled_halves_bf16(p0, f01)
+            lo1, hi1 = _scaled_halves_bf16(p1, f01)
+            lo2, hi2 = _scaled_halves_bf16(p2, f23)
+            lo3, hi3 = _scaled_halves_bf16(p3, f23)
     # pair n = 2 i2 + i1, half i0: joined as [.., i2, i1, i0]
     w = tl.join(tl.join(tl.join(lo0, lo2), tl.join(lo1, lo3)), tl.join(tl.join(hi0, hi2), tl.join(hi1, hi3)))
     # [.., 4 t, 4 q, 8 (i2, i1, i0)] -> columns 32q + 16 i2 + 8 i1 + 2t + i0 (the stored order's inverse):
@@ -587,16 +614,59 @@ def _nvfp4_factor_words(sw, NORMAL: tl.constexpr = False):
     exponent field e moves to e + 239 by an integer add instead of the multiplies (the same bits: 2^-120 x 2^239;
     at most 254 with the magnitude below the sign bit, no carry into the high half); a zero or subnormal scale
     (e = 0) would come out as 2^112 x (1 + m / 8), hence the check."""
-    if NORMAL:
+    even, odd = _nvfp4_factor_halves(sw, NORMAL)
+    d0, d2 = _dup_halves(even)  # blocks 0 and 2 are even's halves, 1 and 3 odd's
+    d1, d3 = _dup_halves(odd)
+    return d0, d1, d2, d3
+
+
+@_device
+def _nvfp4_factor_halves(sw, NORMAL: tl.constexpr = False):
+    """_nvfp4_factor_words' factors before the duplication: (even, odd), the factors of blocks 0 and 2 (1 and 3)
+    as the low and high halves of one word. NORMAL 2: the bytes are positive normal codes stored plus 0x78
+    (triton_bitplace._NV_BIAS), (e + 15) << 3 | m, and each factor is its byte 4 bits up with 0x7000 or'ed in:
+    exponent field 224 + e + 15 = e + 239, mantissa m << 4 (an arithmetic shift's sign bits land outside the mask)."""
+    if NORMAL == 2:
+        even = ((sw << 4) & 0x0FF00FF0) | 0x70007000
+        odd = ((sw >> 4) & 0x0FF00FF0) | 0x70007000
+    elif NORMAL:
         even = (((sw & 0x007F007F) << 4) + 0x77807780) | ((sw & 0x00800080) << 8)
         odd = ((((sw >> 8) & 0x007F007F) << 4) + 0x77807780) | (((sw >> 8) & 0x00800080) << 8)
     else:
         even = _mul_bf16x2(_mul_bf16x2(((sw & 0x007F007F) << 4) | ((sw & 0x00800080) << 8), 0x7F007F00), 0x77807780)
         odd = _mul_bf16x2(_mul_bf16x2((((sw >> 8) & 0x007F007F) << 4) | (((sw >> 8) & 0x00800080) << 8),
                                       0x7F007F00), 0x77807780)
-    d0, d2 = _dup_halves(even)  # blocks 0 and 2 are even's halves, 1 and 3 odd's
-    d1, d3 = _dup_halves(odd)
-    return d0, d1, d2, d3
+    return even, odd
+
+
+@_device
+def _scaled_halves_bf16_half(pair, fword, HALF: tl.constexpr):
+    """_scaled_halves_bf16 by the factor in half HALF of fword (not duplicated): ptxas reads it through the packed
+    multiply's operand selector (HMUL2 ... R.H0_H0 / R.H1_H1), no byte permute."""
+    if HALF == 0:
+        asm: tl.constexpr = ("{ .reg .b16 l, h; .reg .b32 f, p; mov.b32 {l, h}, $3; mov.b32 f, {l, l}; "
+                             "mul.rn.bf16x2 p, $2, f; mov.b32 {$0, $1}, p; }")
+    else:
+        asm: tl.constexpr = ("{ .reg .b16 l, h; .reg .b32 f, p; mov.b32 {l, h}, $3; mov.b32 f, {h, h}; "
+                             "mul.rn.bf16x2 p, $2, f; mov.b32 {$0, $1}, p; }")
+    return tl.inline_asm_elementwise(asm, "=h,=h,r,r", [pair, fword], dtype=(tl.bfloat16, tl.bfloat16),
+                                     is_pure=True, pack=1)
+
+
+@_device
+def _scaled_by_half_q(p, fw, REPS: tl.constexpr, SWP: tl.constexpr, INTERPRET_DOT: tl.constexpr):
+    """Placed pairs p [8, 4, REPS, 2, 4 t, 2 SWP q] times their NVFP4 block factors: word q = 2 qa + qb by half qb
+    of fw[..., qa] ([8, 4, REPS, 2, 4, SWP], _nvfp4_factor_halves' even or odd words) -> (lo, hi) as p; under the
+    interpreter in fp32 (_scaled_halves_f32), the same half of the same word."""
+    pa, pb = tl.split(tl.reshape(p, (8, 4, REPS, 2, 4, SWP, 2)))
+    if INTERPRET_DOT:
+        la, ha = _scaled_halves_f32(pa, fw & 0xFFFF)
+        lb, hb = _scaled_halves_f32(pb, (fw >> 16) & 0xFFFF)
+    else:
+        la, ha = _scaled_halves_bf16_half(pa, fw, 0)
+        lb, hb = _scaled_halves_bf16_half(pb, fw, 1)
+    return (tl.reshape(tl.join(la, lb), (8, 4, REPS, 2, 4, 2 * SWP)),
+            tl.reshape(tl.join(ha, hb), (8, 4, REPS, 2, 4, 2 * SWP)))
 
 
 @_device
@@ -633,7 +703,7 @@ def _scaled_halves_bf16(pair, f2):
 
 
 @_device
-def _scaled_halves_f32(pair, fbits, W_KIND: tl.constexpr):
+def _scaled_halves_f32(pair, fbits):
     """_scaled_halves_bf16's values in fp32 (the interpreter's twin)."""
     f = (fbits << 16).to(tl.float32, bitcast=True)
     lo = ((pair & 0xFFFF) << 16).to(tl.float32, bitcast=True)
