@@ -445,24 +445,30 @@ def test_the_opt_in_variants_measured_slower_compile_for_sm90(tmp_path, hypothes
 
 
 
-def test_the_nvfp4_block_factors_reach_the_packed_multiplies_by_operand_selector_not_byte_permutes(tmp_path):
-    """NVFP4's bit-placement K loop (triton_bitplace, compiled for sm90 on the CPU by tools/count_loop_instructions):
-    each block factor is half of an undoubled word (triton_kernels.HALF_SELECT, _scaled_halves_bf16_half), which
-    ptxas reads in place through the packed multiply's operand selector (HMUL2 ... R.H0_H0 / R.H1_H1), so the loop
-    holds no byte permute (prmt) duplicating factors: 32 SASS fewer a K step (Triton 3.6: decode 514 -> 482, the
-    prefill row 552 -> 520). Doubled words (MOE_CONFORMANCE_NVFP4_HALF_SELECT=0) fail it: 32 PRMT, no selector."""
+def test_the_fp4_block_factors_reach_the_packed_multiplies_by_operand_selector_not_byte_permutes(tmp_path):
+    """The bit-placement K loop (triton_bitplace, MXFP4 and NVFP4, compiled for sm90 on the CPU by
+    tools/count_loop_instructions): each block factor is half of a word of two (triton_kernels.HALF_SELECT,
+    _scaled_halves_bf16_half), which ptxas reads in place through the packed multiply's operand selector (HMUL2 ...
+    R.H0_H0 / R.H1_H1), so the loop holds no byte permute (prmt) doubling factors: Triton 3.6, NVFP4 decode 514 ->
+    482 SASS a K step, MXFP4 439 -> 423. Doubled factors (MOE_CONFORMANCE_HALF_SELECT=0) fail it: PRMT (NVFP4 32,
+    MXFP4 8), no selector."""
     root = Path(__file__).resolve().parents[1]
     run = subprocess.run([sys.executable, "tools/count_loop_instructions.py", "--tokens", "8", "--path",
-                          "w_nvfp4/triton_bitplace", "--sass", str(tmp_path)], capture_output=True, text=True,
-                         cwd=root, timeout=600, env=dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "cache"),
-                                                         OUT=str(tmp_path)))
+                          "w_nvfp4/triton_bitplace", "--path", "w_mxfp4/triton_bitplace", "--sass", str(tmp_path)],
+                         capture_output=True, text=True, cwd=root, timeout=600,
+                         env=dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "cache"), OUT=str(tmp_path)))
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-    listing = [line for f in tmp_path.glob("*.sass") for line in f.read_text().splitlines()
-               if re.match(r"[A-Z]", line)]  # the loop's instructions (the opcode histogram lines are indented)
-    multiplies = [line for line in listing if line.startswith("HMUL2")]
-    assert len(multiplies) == 64, multiplies[:4]  # 4 pairs x 4 words x 2 rows x gate and up a thread
-    assert all(re.search(r"\.H([01])_H\1\b", line) for line in multiplies), multiplies[:4]
-    assert not [line for line in listing if line.startswith("PRMT")], listing[:8]
+    loops = sorted(tmp_path.glob("*.sass"))
+    assert [f.name.split("-")[-2] for f in loops] == ["w_mxfp4", "w_nvfp4"], loops
+    for f in loops:
+        listing = [line for line in f.read_text().splitlines()
+                   if re.match(r"[A-Z]", line)]  # the loop's instructions (the opcode histogram lines are indented)
+        multiplies = [line for line in listing if line.startswith("HMUL2")]
+        assert len(multiplies) == 64, (f.name, multiplies[:4])  # 4 pairs x 4 words x 2 rows x gate and up a thread
+        assert all(re.search(r"\.H([01])_H\1\b", line) for line in multiplies), (f.name, multiplies[:4])
+        assert not [line for line in listing if line.startswith("PRMT")], (f.name, listing[:8])
+
+
 def test_a_dependent_launch_that_reads_or_writes_before_its_wait_is_reported():
     """compile_check.dependent_launch_violations on PTX as the compiler writes it: a dependent that never waits,
     stores before its wait, or loads before it (beyond GEMM2's one load of its block's expert) is reported."""

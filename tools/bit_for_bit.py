@@ -10,10 +10,10 @@ key goes to both where the reference takes it (split_k: the same fp32 summation 
 --replays N also replays a CUDA graph of the backend's launch N times after L2 flushes and compares each output
 (programmatic dependent launches overlap only there). One line per point; the exit status is the number of points
 that differ (capped at 100). --model cpu runs the interpreter's small shape on the CPU.
-Across processes (a switch read once at import, such as MOE_CONFORMANCE_NVFP4_HALF_SELECT): --save FILE keeps the
+Across processes (a switch read once at import, such as MOE_CONFORMANCE_HALF_SELECT): --save FILE keeps the
 backend's outputs of every point, and a later run with --against FILE (no --ref) compares its backend with them:
 
-    MOE_CONFORMANCE_NVFP4_HALF_SELECT=0 python3 tools/bit_for_bit.py ... --backend triton_bitplace --save /tmp/a.pt
+    MOE_CONFORMANCE_HALF_SELECT=0 python3 tools/bit_for_bit.py ... --backend triton_bitplace --save /tmp/a.pt
         (with --ref too, the points are compared as well)
     python3 tools/bit_for_bit.py ... --backend triton_bitplace --against /tmp/a.pt
 """

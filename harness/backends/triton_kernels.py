@@ -28,13 +28,14 @@ import triton.language as tl  # noqa: E402
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: E402
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
-# NVFP4 block factors in the bit-placement loop as undoubled words, each product reading its factor's half in place
+# Block factors in the bit-placement loop two a word, each product reading its factor's half in place
 # (_scaled_halves_bf16_half: ptxas folds the half into the packed multiply's operand selector, HMUL2 R.H0_H0 / H1_H1),
-# where doubling each factor into both halves cost one byte permute a block: 32 SASS fewer a K step for Triton 3.6 on
-# sm90 (tools/count_loop_instructions.py, gpt-oss-120b: decode 514 -> 482, the 8-warp prefill row 552 -> 520; Triton
-# 3.9 523 -> 491), the same products. Not yet timed on a GPU (results/gpu-issue28/run-41);
-# MOE_CONFORMANCE_NVFP4_HALF_SELECT=0 doubles the factors as before (A/B runs).
-HALF_SELECT = tl.constexpr(os.environ.get("MOE_CONFORMANCE_NVFP4_HALF_SELECT", "1") == "1")
+# where doubling each factor into both halves cost a byte permute (NVFP4) or an extraction and a multiply (MX) a
+# block: for Triton 3.6 on sm90 (tools/count_loop_instructions.py, gpt-oss-120b) NVFP4's K step 32 SASS fewer (decode
+# 514 -> 482, the 8-warp prefill row 552 -> 520; Triton 3.9 523 -> 491), MXFP4's 16 (decode 439 -> 423, the prefill
+# row 511 -> 495); the same products. Not yet timed on a GPU (results/gpu-issue28/run-41); MOE_CONFORMANCE_HALF_SELECT=0
+# doubles the factors as before (A/B runs). moe_gemm_kernel's loop only: the Gluon decode GEMM doubles them still.
+HALF_SELECT = tl.constexpr(os.environ.get("MOE_CONFORMANCE_HALF_SELECT", "1") == "1")
 
 # PDL_ORDER: the decode chain under programmatic dependent launch (Hopper's griddepcontrol; the Gluon backend's
 # `pdl` launch parameter). A kernel launched as a dependent may start while the kernel before it still runs, once
@@ -537,14 +538,18 @@ def _fp4_bitplace_decode(w_ptr, sw, expert, n0, ROW_MUL: tl.constexpr, ROW_ADD, 
     # bit 7; NVFP4 the E4M3 value x 2^119 (placed: value x 2^-120, then x 2^127 and x 2^112, exact)
     if W_KIND == 1:
         sword = sw >> (8 * QW * QH)  # this part's blocks in the low bytes
-        if QW == 4:
-            sbytes = tl.reshape(_bytes_of_words(sword), (8, 4, REPS, 2, 1, 4))
+        if HALF_SELECT and QW == 4:  # 2^(s - 1) of blocks 0, 2 (even) and 1, 3 (odd) as the halves of two words
+            mx_even = (sword << 7) & 0x7F807F80
+            mx_odd = (sword >> 1) & 0x7F807F80  # (an arithmetic shift's sign bit lands outside the mask)
         else:
-            sbytes = tl.reshape(tl.join(sword & 0xFF, (sword >> 8) & 0xFF), (8, 4, REPS, 2, 1, 2))
-        if INTERPRET_DOT:
-            fbits = sbytes << 7
-        else:
-            fbits = sbytes * 0x00800080  # (s + 126) << 7 in both halves: 2^(s - 1) as a bf16x2 word
+            if QW == 4:
+                sbytes = tl.reshape(_bytes_of_words(sword), (8, 4, REPS, 2, 1, 4))
+            else:
+                sbytes = tl.reshape(tl.join(sword & 0xFF, (sword >> 8) & 0xFF), (8, 4, REPS, 2, 1, 2))
+            if INTERPRET_DOT:
+                fbits = sbytes << 7
+            else:
+                fbits = sbytes * 0x00800080  # (s + 126) << 7 in both halves: 2^(s - 1) as a bf16x2 word
     else:
         SWP: tl.constexpr = QW // 2  # scale words of this part
         if INTERPRET_DOT:
@@ -569,7 +574,16 @@ def _fp4_bitplace_decode(w_ptr, sw, expert, n0, ROW_MUL: tl.constexpr, ROW_ADD, 
     # together into one 32-bit word, the bf16x2 register that the MMA takes
     p0, p1, p2, p3 = _place_pairs(tl.reshape(word, (8, 4, REPS, 2, 4, QW)))
     # MX: every pair of word (t, q) is in block q; NVFP4: pairs n = 0, 1 in block 2q, pairs 2, 3 in block 2q + 1
-    if W_KIND == 2 and HALF_SELECT:
+    if W_KIND == 1 and HALF_SELECT and QW == 4:
+        # every pair of word q is in block q = 2 j + i: half j of the even (i 0) or odd (i 1) word, read in place;
+        # under the interpreter the same words in fp32 (_scaled_halves_f32)
+        ev = tl.broadcast_to(tl.reshape(mx_even, (8, 4, REPS, 2, 1, 1)), (8, 4, REPS, 2, 4, 1))
+        od = tl.broadcast_to(tl.reshape(mx_odd, (8, 4, REPS, 2, 1, 1)), (8, 4, REPS, 2, 4, 1))
+        lo0, hi0 = _mx_scaled_by_block(p0, ev, od, REPS, INTERPRET_DOT)
+        lo1, hi1 = _mx_scaled_by_block(p1, ev, od, REPS, INTERPRET_DOT)
+        lo2, hi2 = _mx_scaled_by_block(p2, ev, od, REPS, INTERPRET_DOT)
+        lo3, hi3 = _mx_scaled_by_block(p3, ev, od, REPS, INTERPRET_DOT)
+    elif W_KIND == 2 and HALF_SELECT:
         # block 2q (2q + 1) is half q % 2 of even (odd) word q // 2: each product reads its half in place
         ev = tl.broadcast_to(tl.reshape(even, (8, 4, REPS, 2, 1, SWP)), (8, 4, REPS, 2, 4, SWP))
         od = tl.broadcast_to(tl.reshape(odd, (8, 4, REPS, 2, 1, SWP)), (8, 4, REPS, 2, 4, SWP))
@@ -667,6 +681,16 @@ def _scaled_by_half_q(p, fw, REPS: tl.constexpr, SWP: tl.constexpr, INTERPRET_DO
         lb, hb = _scaled_halves_bf16_half(pb, fw, 1)
     return (tl.reshape(tl.join(la, lb), (8, 4, REPS, 2, 4, 2 * SWP)),
             tl.reshape(tl.join(ha, hb), (8, 4, REPS, 2, 4, 2 * SWP)))
+
+
+@_device
+def _mx_scaled_by_block(p, ev, od, REPS: tl.constexpr, INTERPRET_DOT: tl.constexpr):
+    """Placed pairs p [8, 4, REPS, 2, 4 t, 4 q] times their MX block factors: word q = 2 j + i (block q) by half j of
+    ev (i 0: blocks 0, 2) or od (i 1: blocks 1, 3), both [8, 4, REPS, 2, 4, 1] -> (lo, hi) as p."""
+    pe, po = tl.split(tl.reshape(p, (8, 4, REPS, 2, 4, 2, 2)))
+    le, he = _scaled_by_half_q(pe, ev, REPS, 1, INTERPRET_DOT)
+    lo, ho = _scaled_by_half_q(po, od, REPS, 1, INTERPRET_DOT)
+    return (tl.reshape(tl.join(le, lo), (8, 4, REPS, 2, 4, 4)), tl.reshape(tl.join(he, ho), (8, 4, REPS, 2, 4, 4)))
 
 
 @_device
