@@ -276,7 +276,8 @@ def test_the_kernels_a_forward_launches_compile_for_sm90_without_a_gpu(tmp_path)
       three schedules, with one and two consumer warpgroups a program, its layout conversions to the wgmma operand
       asserted trivial by the compiler; pdl 1: the chain as programmatic dependents, each dependent's PTX checked
       against triton_kernels.PDL_ORDER (compile_check.dependent_launch_violations); pdl 2 the same chain with GEMM2
-      waiting at entry (no L2 prefetch); NVFP4 factors by multiplies and by an exponent add (NV_NORMAL);
+      waiting at entry (no L2 prefetch); NVFP4 factors by multiplies, by an exponent add (NV_NORMAL) and from
+      biased codes (NV_NORMAL 2);
       persistent grids with one and two warpgroups, with and without pdl; GEMM1 prefetching its weights into L2
       before its wait (w13_prefetch: PDL 3, the ids its only loads there); the weights tile-major (tile_major);
       and the registered backend's defaults
@@ -290,7 +291,8 @@ def test_the_kernels_a_forward_launches_compile_for_sm90_without_a_gpu(tmp_path)
     sites = {m for f in (Path(__file__).resolve().parents[1] / "harness" / "backends").glob("*.py")
              for m in re.findall(r"\b(?:K|triton_kernels)\.(\w+)\[", f.read_text())}
     assert sites and sites <= set(LAUNCHED_KERNELS), sites - set(LAUNCHED_KERNELS)
-    cases = ["triton_bitplace/w_nvfp4_a_nvfp4/SILU", "triton_bitplace/w_mxfp4/SWIGLUOAI",
+    cases = ["triton_bitplace/w_nvfp4_a_nvfp4/SILU", "triton_bitplace/w_nvfp4/SILU@tokens=1,biased_scales=0",
+             "triton_bitplace/w_mxfp4/SWIGLUOAI",
              "triton_dot_scaled/w_mxfp4/SWIGLUOAI", "triton_emulation/w_mxfp4_a_mxfp4/SWIGLUOAI",
              "triton_emulation/w_fp8_a_fp8_block/SILU", "triton_emulation/bf16/SILU"]
     bf16_tma = _BF16_TMA
@@ -308,7 +310,7 @@ def test_the_kernels_a_forward_launches_compile_for_sm90_without_a_gpu(tmp_path)
               "triton_bitplace/w_mxfp4/SILU@block_m=128,block_n=64,block_k=128,num_warps=4,num_stages=3,group_m=8,"
               "tail_m=64,inline_tails=1,tokens=2048"]
     gluon = {f"triton_bitplace_gluon/{case}@tokens=1,block_m=16,num_warps=4,mma_overlap={overlap},block_n={block_n},"
-             f"pdl={pdl},persistent={persistent},exponent_add={int(block_n == 128)}": pdl
+             f"pdl={pdl},persistent={persistent},exponent_add={int(block_n == 128)},biased_scales={int(pdl != 2)}": pdl
              for overlap, block_n, case, pdl, persistent in (
                  (0, 64, "w_mxfp4/SWIGLUOAI", 0, 0), (1, 64, "w_mxfp4/SWIGLUOAI", 0, 0),
                  (2, 64, "w_mxfp4/SWIGLUOAI", 0, 0), (0, 128, "w_mxfp4/SWIGLUOAI", 0, 1),
