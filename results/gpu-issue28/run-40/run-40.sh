@@ -1,10 +1,11 @@
 #!/bin/bash
 # Issue 28 run-40 (staged in session 43, not yet run; an H200 or H100, carry .third_party). PART names the parts:
-#   PART=tails  ~4 min: NVFP4's tail launch at its own warps and N tile (tail_warps / tail_block_n; run-39's profile:
+#   PART=tails  ~5 min: NVFP4's tail launch at its own warps and N tile (tail_warps / tail_block_n; run-39's profile:
 #               the 8-warp 32-row tails hold a multiprocessor alone at 20-23% tensor-pipe use, 16% of the forward).
 #               Compiled for sm90 by Triton 3.6 on the CPU: GEMM1's tail 136 registers x 8 warps (one program a
 #               multiprocessor) -> 152 x 4 warps at tail_block_n 64 (three), GEMM2's 86 x 8 (two) -> 100 x 4 (five).
-#               First bit for bit against the row as it is (300 and 2048 tokens), then replay wall time at 8192.
+#               First bit for bit against the row as it is (300 and 2048 tokens), then replay wall time at 8192
+#               (gpt-oss-120b at tail_m 64 too: half the weight re-reads a tail row, at more padding).
 #   PART=ncu    ~1.5 min: the MXFP4 profile run-39 had no time for
 # The Done-when run is a call of its own: PART=bench bash results/gpu-issue28/run-35/run-35.sh (>~7 min fresh).
 export PYTHONUNBUFFERED=1
@@ -23,7 +24,7 @@ case $part in
         echo "bfb $scheme $variant: $(tail -2 $OUT/tails/bfb-$scheme-${variant// /-}.log | tr '\n' ' ')"
       done
     done
-    for point in "gpt-oss-120b 32" "kimi-k2 64"; do
+    for point in "gpt-oss-120b 32" "gpt-oss-120b 64" "kimi-k2 64"; do
       set -- $point
       for scheme in w_nvfp4 w_nvfp4_a_nvfp4; do
         for variant in "" "tail_warps=4 tail_block_n=64" "tail_warps=4"; do
