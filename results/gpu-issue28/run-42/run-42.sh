@@ -1,0 +1,43 @@
+#!/bin/bash
+# Issue 28 run-42 (session 45; an H200 or H100, carry .third_party): the timing halves of run-40 (tails) and run-41
+# (time) that fit one call after this session's bench and check calls, most decisive first, replay wall time at 8192
+# tokens (tools/chain_timeline.py, 5 replays, one process a point):
+#   1. NVFP4 W4A16 and W4A4 at the table's rows (tail_m 32 gpt-oss-120b, 64 kimi-k2) against the same rows with
+#      tail_warps=4 tail_block_n=64 (run-40's candidate: the tail launch at 3-5 programs a multiprocessor);
+#   2. NVFP4's 4-warp 128 x 64 scale_regs tile (run-41's second half);
+#   3. both session-44 switches off (MOE_CONFORMANCE_HALF_SELECT=0 MOE_CONFORMANCE_NVFP4_BIASED_SCALES=0) at the rows,
+#      MXFP4 too: the A/B for their defaults (the rows of step 1 are the "on" side).
+export PYTHONUNBUFFERED=1
+mkdir -p $OUT/t
+ROW="--config block_m=128 --config block_n=128 --config block_k=128 --config num_warps=8 --config num_stages=3 --config group_m=8 --config quant_launch=1"
+MX="--config block_m=128 --config block_n=64 --config block_k=128 --config num_warps=4 --config num_stages=3 --config group_m=8 --config tail_m=64 --config inline_tails=1"
+point() {  # label env-prefix model scheme flags...
+  local label=$1 envs=$2 model=$3 scheme=$4; shift 4
+  local log=$OUT/t/${label// /_}.log
+  env $envs timeout 60 python3 tools/chain_timeline.py --model $model --scheme $scheme --tokens 8192 \
+    --backend triton_bitplace --replays 5 "$@" 2>&1 | grep -v -i warn > $log
+  echo "$label: $(grep -o 'median replay [0-9.]* us' $log)"
+}
+tailm() { [ $1 = kimi-k2 ] && echo 64 || echo 32; }
+for model in gpt-oss-120b kimi-k2; do
+  for scheme in w_nvfp4 w_nvfp4_a_nvfp4; do
+    point "$model $scheme row" "" $model $scheme $ROW --config tail_m=$(tailm $model)
+    point "$model $scheme row tail_warps=4 tail_block_n=64" "" $model $scheme $ROW --config tail_m=$(tailm $model) \
+      --config tail_warps=4 --config tail_block_n=64
+  done
+done
+for model in gpt-oss-120b kimi-k2; do
+  for scheme in w_nvfp4 w_nvfp4_a_nvfp4; do
+    point "$model $scheme 4-warp scale_regs" "" $model $scheme $(echo $ROW | sed 's/block_n=128/block_n=64/;
+      s/num_warps=8/num_warps=4/') --config tail_m=$(tailm $model) --config scale_regs=1
+  done
+done
+OFF="MOE_CONFORMANCE_HALF_SELECT=0 MOE_CONFORMANCE_NVFP4_BIASED_SCALES=0"
+for model in gpt-oss-120b kimi-k2; do
+  for scheme in w_nvfp4 w_nvfp4_a_nvfp4; do
+    point "$model $scheme row, switches off" "$OFF" $model $scheme $ROW --config tail_m=$(tailm $model)
+  done
+  point "$model w_mxfp4 row" "" $model w_mxfp4 $MX
+  point "$model w_mxfp4 row, switches off" "$OFF" $model w_mxfp4 $MX
+done
+(cd $OUT && tar czf run-42.tgz t && rm -rf t)
