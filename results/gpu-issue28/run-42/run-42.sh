@@ -2,6 +2,8 @@
 # Issue 28 run-42 (session 45; an H200 or H100, carry .third_party): the timing halves of run-40 (tails) and run-41
 # (time) that fit one call after this session's bench and check calls, most decisive first, replay wall time at 8192
 # tokens (tools/chain_timeline.py, 5 replays, one process a point):
+#   0. the Gluon decode GEMM's register cap at gpt-oss-120b's 8 tokens (GLUON_MAXNREG 80 / 64: 3 or 4 programs a
+#      multiprocessor; the one % of copy line still missed, run-35's sweep part never ran);
 #   1. NVFP4 W4A16 and W4A4 at the table's rows (tail_m 32 gpt-oss-120b, 64 kimi-k2) against the same rows with
 #      tail_warps=4 tail_block_n=64 (run-40's candidate: the tail launch at 3-5 programs a multiprocessor);
 #   2. NVFP4's 4-warp 128 x 64 scale_regs tile (run-41's second half);
@@ -18,6 +20,9 @@ point() {  # label env-prefix model scheme flags...
     --backend triton_bitplace --replays 5 "$@" 2>&1 | grep -v -i warn > $log
   echo "$label: $(grep -o 'median replay [0-9.]* us' $log)"
 }
+timeout 90 python3 tools/chain_timeline.py --model gpt-oss-120b --scheme w_mxfp4 --tokens 8 \
+  --backend triton_bitplace_gluon --replays 30 --sweep GLUON_MAXNREG=80,64,80,64 2>&1 | grep -v -i warn > $OUT/t/maxnreg.log
+echo "GLUON_MAXNREG gpt-oss-120b T8: $(grep -o 'GLUON_MAXNREG=[0-9]*: median replay [0-9.]* us' $OUT/t/maxnreg.log | tr '\n' ' ')"
 tailm() { [ $1 = kimi-k2 ] && echo 64 || echo 32; }
 for model in gpt-oss-120b kimi-k2; do
   for scheme in w_nvfp4 w_nvfp4_a_nvfp4; do
