@@ -453,7 +453,7 @@ def test_the_fp4_block_factors_reach_the_packed_multiplies_by_operand_selector_n
     _scaled_halves_bf16_half), which ptxas reads in place through the packed multiply's operand selector (HMUL2 ...
     R.H0_H0 / R.H1_H1), so the loop holds no byte permute (prmt) doubling factors: Triton 3.6, NVFP4 decode 514 ->
     482 SASS a K step, MXFP4 439 -> 423. Doubled factors (MOE_CONFORMANCE_HALF_SELECT=0) fail it: PRMT (NVFP4 32,
-    MXFP4 8), no selector."""
+    MXFP4 8), no selector. NVFP4's factor words from biased codes are one LOP3 each (_nv_biased_factor_pairs)."""
     root = Path(__file__).resolve().parents[1]
     run = subprocess.run([sys.executable, "tools/count_loop_instructions.py", "--tokens", "8", "--path",
                           "w_nvfp4/triton_bitplace", "--path", "w_mxfp4/triton_bitplace", "--sass", str(tmp_path)],
@@ -469,6 +469,13 @@ def test_the_fp4_block_factors_reach_the_packed_multiplies_by_operand_selector_n
         assert len(multiplies) == 64, (f.name, multiplies[:4])  # 4 pairs x 4 words x 2 rows x gate and up a thread
         assert all(re.search(r"\.H([01])_H\1\b", line) for line in multiplies), (f.name, multiplies[:4])
         assert not [line for line in listing if line.startswith("PRMT")], (f.name, listing[:8])
+        if "w_nvfp4" in f.name:
+            # NVFP4's biased codes (NV_NORMAL 2): each word of two factors one shift and one three-input LOP3
+            # ((a & 0x0FF00FF0) | c, LUT 0xEA, c = 0x70007000 in a register: _nv_biased_factor_pairs), not an and and
+            # an or with an immediate each (13-15 SASS more a K step)
+            factors = [line for line in listing if line.startswith("LOP3") and "0xff00ff0" in line and "0xea" in line]
+            assert len(factors) == 16, (f.name, factors[:4])  # even and odd x 2 scale words x 2 rows x gate and up
+            assert not [line for line in listing if line.startswith("LOP3") and "0x70007000" in line], f.name
 
 
 def test_a_dependent_launch_that_reads_or_writes_before_its_wait_is_reported():

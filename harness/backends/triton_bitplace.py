@@ -45,8 +45,11 @@ NVFP4_EXPONENT_ADD = os.environ.get("MOE_CONFORMANCE_NVFP4_EXPONENT_ADD", "1") =
 # each E4M3 code s as s + 0x78 (NV_NORMAL 2, _NV_BIAS): (e + 15) << 3 | m, at most 0xF6, so that the factor's bf16 bits
 # (e + 239) << 7 | m << 4 are the stored byte shifted by 4 with 0x7000 or'ed in, one shift and one and-or a word of
 # two factors (triton_kernels._nvfp4_factor_halves) where the add took six or seven: 24 SASS fewer a K step again
-# (Triton 3.6 for sm90: decode 482 -> 458, the Gluon decode GEMM 418 -> 394, the 8-warp prefill row 520 -> 496). Not
-# yet timed on a GPU (results/gpu-issue28/run-41); MOE_CONFORMANCE_NVFP4_BIASED_SCALES=0 keeps the codes as they are.
+# (Triton 3.6 for sm90: decode 482 -> 458, the Gluon decode GEMM 418 -> 394, the 8-warp prefill row 520 -> 496), and
+# the and-or one three-input LOP3 since session 45 (_nv_biased_factor_pairs: 458 -> 443, 394 -> 379, 496 -> 481; not
+# yet run on a GPU). The biased codes ran in session 45's bench on an H100 before that (conformance passed:
+# results/gpu-issue28/run-35/session45-h100), their A/B not yet timed (run-42); MOE_CONFORMANCE_NVFP4_BIASED_SCALES=0
+# keeps the codes as they are.
 NVFP4_BIASED_SCALES = os.environ.get("MOE_CONFORMANCE_NVFP4_BIASED_SCALES", "1") == "1"
 # The decode row's split-K tiles finished in the GEMM's own launch by their last split (the tile key serial_k:
 # moe_gemm_kernel's SERIAL_K, the Gluon kernel's SERIAL), one launch fewer (GEMM1's splitk_epilogue_kernel). On the
