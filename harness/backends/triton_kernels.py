@@ -466,24 +466,31 @@ def _fp4_scale_words(ws_ptr, expert, n0, ROW_MUL: tl.constexpr, ROW_ADD, n_limit
     SW: tl.constexpr = 1 if W_KIND == 1 else 2
     s32 = ws_ptr.to(tl.pointer_type(tl.int32))
     if ROW_PAIRS:
-        sbase = e64 * N_ROWS * (chunks * SW) + (row // 2) * (chunks * 2 * SW) + ci * 2 * SW + (row % 2) * SW
+        row_base = e64 * N_ROWS * (chunks * SW) + (row // 2) * (chunks * 2 * SW) + (row % 2) * SW
+        chunk_words: tl.constexpr = 2 * SW
     else:
-        sbase = e64 * N_ROWS * (chunks * SW) + row * (chunks * SW) + ci * SW
+        row_base = e64 * N_ROWS * (chunks * SW) + row * (chunks * SW)
+        chunk_words: tl.constexpr = SW
     if BY_REGISTERS:
+        # each row's address without the chunk first (loop-invariant, hoisted), then the chunk's 32-bit offset (one
+        # IMAD.WIDE a load, where the 64-bit index sum took an add pair and a shift-add pair: NVFP4's 4-warp tile's K
+        # step 543 -> 530 SASS, Triton 3.6 for sm90)
         if W_KIND == 1:
-            words = tl.inline_asm_elementwise("ld.global.nc.b32 $0, [$1];", "=r,l", [s32 + sbase], dtype=tl.int32,
-                                              is_pure=True, pack=1)
-        else:  # the row's two words, 8-byte aligned (sbase even)
+            words = tl.inline_asm_elementwise("ld.global.nc.b32 $0, [$1];", "=r,l",
+                                              [(s32 + row_base) + ci * chunk_words], dtype=tl.int32, is_pure=True,
+                                              pack=1)
+        else:  # the row's two words, 8-byte aligned (row_base even)
+            s64 = ws_ptr.to(tl.pointer_type(tl.int64))
             both = tl.inline_asm_elementwise("ld.global.nc.b64 $0, [$1];", "=l,l",
-                                             [ws_ptr.to(tl.pointer_type(tl.int64)) + sbase // 2], dtype=tl.int64,
+                                             [(s64 + row_base // 2) + ci * (chunk_words // 2)], dtype=tl.int64,
                                              is_pure=True, pack=1)
             words = tl.join(both.to(tl.int32), (both >> 32).to(tl.int32))  # word 0 the low half (little-endian)
     elif W_KIND == 1:
-        words = tl.load(s32 + sbase, mask=rmask, other=0)
+        words = tl.load((s32 + row_base) + ci * chunk_words, mask=rmask, other=0)
     else:
         SWP: tl.constexpr = QW // 2  # scale words of this part
-        words = tl.load(s32 + sbase[:, :, :, :, None] + SWP * QH + tl.arange(0, SWP)[None, None, None, None, :],
-                        mask=rmask[:, :, :, :, None], other=0)
+        words = tl.load((s32 + row_base)[:, :, :, :, None] + (ci * chunk_words + SWP * QH) +
+                        tl.arange(0, SWP)[None, None, None, None, :], mask=rmask[:, :, :, :, None], other=0)
     return words
 
 
