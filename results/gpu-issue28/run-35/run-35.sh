@@ -6,7 +6,8 @@
 #               (GLUON_MAXNREG 80,64,80,64: 3 or 4 programs a multiprocessor) with the tile-major copy, MXFP4
 #   PART=bench  ~9.5 min: every issue-28 target from one make bench run at this tree (run-32's filter, or
 #               BENCH_FILTER's); the environment's MOE_CONFORMANCE_GLUON_* settings pass through to it
-#   PART=check  ~6.5 min: conformance and special values of triton_bitplace (and _gluon), memcheck over
+#   PART=check  ~6.5 min: conformance and special values of triton_bitplace (and _gluon), the NVFP4 factor words'
+#               PTX against every code (session 45), memcheck over
 #               tools/sanitize_kernels.py (its tile-major cases new); PART=conformance or PART=memcheck runs one half
 export PYTHONUNBUFFERED=1
 HOST=$(python3 -m harness platforms --host)
@@ -38,8 +39,9 @@ case $part in
   check|conformance)
     env | grep MOE_CONFORMANCE_ || echo "no MOE_CONFORMANCE_ settings"
     timeout 170 python3 -m pytest -p no:cacheprovider -q -n 8 -m $HOST suites/test_conformance.py \
-      suites/test_special_values.py suites/test_fp4_bits.py \
-      -k "triton_bitplace and (mxfp4 or nvfp4) or scales_loaded_a_step or ranks_each" > $OUT/f/conformance.log 2>&1
+      suites/test_special_values.py suites/test_fp4_bits.py suites/test_triton_helpers.py \
+      -k "triton_bitplace and (mxfp4 or nvfp4) or scales_loaded_a_step or ranks_each or factor_words" \
+      > $OUT/f/conformance.log 2>&1
     echo "conformance: rc=$? $(tail -1 $OUT/f/conformance.log)"; grep -E "^(FAILED|ERROR)" $OUT/f/conformance.log | head -5 ;;&
   check|memcheck)
     timeout 330 compute-sanitizer --tool memcheck python3 tools/sanitize_kernels.py > $OUT/f/memcheck.log 2>&1

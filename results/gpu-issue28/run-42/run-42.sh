@@ -1,12 +1,14 @@
 #!/bin/bash
-# Issue 28 run-42 (session 45; an H200 or H100, carry .third_party): the timing halves of run-40 (tails) and run-41
+# Issue 28 run-42 (session 45, not yet run: every device call after the bench and check was refused; an H200 or
+# H100, carry .third_party; ~7 min on a fresh machine, a call of its own): the timing halves of run-40 (tails) and run-41
 # (time) that fit one call after this session's bench and check calls, most decisive first, replay wall time at 8192
 # tokens (tools/chain_timeline.py, 5 replays, one process a point):
 #   0. the Gluon decode GEMM's register cap at gpt-oss-120b's 8 tokens (GLUON_MAXNREG 80 / 64: 3 or 4 programs a
 #      multiprocessor; the one % of copy line still missed, run-35's sweep part never ran);
 #   1. NVFP4 W4A16 and W4A4 at the table's rows (tail_m 32 gpt-oss-120b, 64 kimi-k2) against the same rows with
 #      tail_warps=4 tail_block_n=64 (run-40's candidate: the tail launch at 3-5 programs a multiprocessor);
-#   2. NVFP4's 4-warp 128 x 64 scale_regs tile (run-41's second half);
+#   2. NVFP4's 4-warp 128 x 64 scale_regs tile (run-41's second half; K step 612 at run-33, 530 since session 45's
+#      one-LOP3 factor words and hoisted scale addresses, the 8-warp row 481);
 #   3. both session-44 switches off (MOE_CONFORMANCE_HALF_SELECT=0 MOE_CONFORMANCE_NVFP4_BIASED_SCALES=0) at the rows,
 #      MXFP4 too: the A/B for their defaults (the rows of step 1 are the "on" side).
 export PYTHONUNBUFFERED=1
