@@ -46,8 +46,8 @@ NVFP4_EXPONENT_ADD = os.environ.get("MOE_CONFORMANCE_NVFP4_EXPONENT_ADD", "1") =
 # (e + 239) << 7 | m << 4 are the stored byte shifted by 4 with 0x7000 or'ed in, one shift and one and-or a word of
 # two factors (triton_kernels._nvfp4_factor_halves) where the add took six or seven: 24 SASS fewer a K step again
 # (Triton 3.6 for sm90: decode 482 -> 458, the Gluon decode GEMM 418 -> 394, the 8-warp prefill row 520 -> 496), and
-# the and-or one three-input LOP3 since session 45 (_nv_biased_factor_pairs: 458 -> 443, 394 -> 379, 496 -> 481; not
-# yet run on a GPU). The biased codes ran in session 45's bench on an H100 before that (conformance passed:
+# the and-or one three-input LOP3 since session 45 (_nv_biased_factor_pairs: 458 -> 443, 394 -> 379, 496 -> 481; its
+# bits checked on an H100 in results/gpu-issue28/run-43, not yet timed). The biased codes ran in session 45's bench on an H100 before that (conformance passed:
 # results/gpu-issue28/run-35/session45-h100), their A/B not yet timed (run-42); MOE_CONFORMANCE_NVFP4_BIASED_SCALES=0
 # keeps the codes as they are.
 NVFP4_BIASED_SCALES = os.environ.get("MOE_CONFORMANCE_NVFP4_BIASED_SCALES", "1") == "1"
