@@ -76,9 +76,9 @@ def test_nvfp4_factor_by_an_exponent_add_equals_the_multiplies_for_every_normal_
 
 def test_nvfp4_factor_from_biased_codes_equals_the_multiplies_for_every_positive_normal_scale():
     """NORMAL 2 (triton_kernels._nvfp4_factor_halves) in torch: prepare() stores each positive normal E4M3 code s as
-    s + 0x78 (triton_bitplace._NV_BIAS, through bitplace_scales); with four such bytes in a word sw, even = ((sw << 4)
-    & 0x0FF00FF0) | 0x70007000 holds bytes 0 and 2 in its halves, odd the same of sw >> 4 (arithmetic: every biased
-    byte has its top bit set) bytes 1 and 3; each half is the bf16 bits of the code's value x 2^119 (the two
+    s + 0x78 (triton_bitplace._NV_BIAS, through bitplace_scales), each word of four rotated left by 4 bits; with such
+    a stored word sw, even = (sw & 0x0FF00FF0) | 0x70007000 holds bytes 0 and 2 in its halves, odd the same of sw
+    rotated right by 8 bits bytes 1 and 3; each half is the bf16 bits of the code's value x 2^119 (the two
     multiplies' value) for every positive normal code in every byte position beside any other such bytes. A negative
     code cannot be stored so (bitplace_scales refuses it; prepare() keeps NV_NORMAL 1 then)."""
     from harness.backends.triton_bitplace import _NV_BIAS, bitplace_scales, unbitplace_scales
@@ -93,10 +93,9 @@ def test_nvfp4_factor_from_biased_codes_equals_the_multiplies_for_every_positive
         stored = bitplace_scales(others.to(torch.uint8)[None], False, 4, _NV_BIAS)[0].to(torch.int64)
         assert torch.equal(unbitplace_scales(stored.to(torch.uint8)[None], 4, False, _NV_BIAS)[0].to(torch.int64),
                            others)
-        sw = sum(stored[:, i] << (8 * i) for i in range(4))
-        sw = (sw ^ 0x80000000) - 0x80000000  # as a signed int32
-        even = ((sw << 4) & 0x0FF00FF0) | 0x70007000
-        odd = ((sw >> 4) & 0x0FF00FF0) | 0x70007000
+        sw = sum(stored[:, i] << (8 * i) for i in range(4))  # (unsigned: a rotate moves no sign bits)
+        even = (sw & 0x0FF00FF0) | 0x70007000
+        odd = ((((sw >> 8) | (sw << 24)) & 0xFFFFFFFF) & 0x0FF00FF0) | 0x70007000
         got = ((even if pos % 2 == 0 else odd) >> (16 * (pos // 2))) & 0xFFFF
         assert torch.equal(got, want), pos
     for bad in (0x00, 0x05, 0x7F, 0x88):  # zero, subnormal, NaN, negative
@@ -182,8 +181,10 @@ def test_nvfp4_factors_by_an_exponent_add_only_where_every_scale_is_normal(monke
     monkeypatch.setattr(triton_bitplace, "NVFP4_BIASED_SCALES", True)  # every scale positive too: stored biased
     prep = backend.prepare(ckpt)
     assert prep.constexprs == dict(BITPLACE=True, ROW_PAIRS=backend.row_pairs, NV_NORMAL=2)
-    for stored in (prep.w13_scale, prep.w2_scale):  # every code biased (0x80-0xF6; zero bytes pad rows to chunks)
-        assert int(stored[stored != 0].min()) >= 0x80 and int(stored.max()) <= 0xF6
+    for stored in (prep.w13_scale, prep.w2_scale):  # every code biased (0x80-0xF6; zero bytes pad rows to chunks),
+        codes = triton_bitplace._rotate_words_right_4(stored)  # each word stored rotated left by 4 bits
+        assert int(codes[codes != 0].min()) >= 0x80 and int(codes.max()) <= 0xF6
+        assert not torch.equal(codes, stored)
     for which, code, mode in (("w2", 0x00, None), ("w13", 0x80, None), ("w2", 0x05, None), ("w13", 0x87, None),
                               ("w2", 0xB8, True), ("w13", 0xF0, True)):  # a negative normal scale: NV_NORMAL 1
         scale = getattr(ckpt, which).scale.clone()

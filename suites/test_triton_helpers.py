@@ -453,7 +453,8 @@ def test_the_fp4_block_factors_reach_the_packed_multiplies_by_operand_selector_n
     _scaled_halves_bf16_half), which ptxas reads in place through the packed multiply's operand selector (HMUL2 ...
     R.H0_H0 / R.H1_H1), so the loop holds no byte permute (prmt) doubling factors: Triton 3.6, NVFP4 decode 514 ->
     482 SASS a K step, MXFP4 439 -> 423. Doubled factors (MOE_CONFORMANCE_HALF_SELECT=0) fail it: PRMT (NVFP4 32,
-    MXFP4 8), no selector. NVFP4's factor words from biased codes are one LOP3 each (_nv_biased_factor_pairs)."""
+    MXFP4 8), no selector. NVFP4's factor words from biased codes are one LOP3 each (_nv_biased_factor_pairs), from
+    words stored rotated (the odd ones one funnel rotate first, the even ones nothing)."""
     root = Path(__file__).resolve().parents[1]
     run = subprocess.run([sys.executable, "tools/count_loop_instructions.py", "--tokens", "8", "--path",
                           "w_nvfp4/triton_bitplace", "--path", "w_mxfp4/triton_bitplace", "--sass", str(tmp_path)],
@@ -476,6 +477,10 @@ def test_the_fp4_block_factors_reach_the_packed_multiplies_by_operand_selector_n
             factors = [line for line in listing if line.startswith("LOP3") and "0xff00ff0" in line and "0xea" in line]
             assert len(factors) == 16, (f.name, factors[:4])  # even and odd x 2 scale words x 2 rows x gate and up
             assert not [line for line in listing if line.startswith("LOP3") and "0x70007000" in line], f.name
+            # the stored words rotated left by 4 bits (triton_bitplace._rotate_words_left_4): the even factor words
+            # take no shift, the odd ones one 8-bit funnel rotate each (_rotate_right_8): 8 SASS fewer a K step
+            rotates = [line for line in listing if line.startswith("SHF.R.W.U32") and " 0x8," in line]
+            assert len(rotates) == 8, (f.name, rotates[:4])  # odd x 2 scale words x 2 rows x gate and up
 
 
 def test_a_dependent_launch_that_reads_or_writes_before_its_wait_is_reported():

@@ -384,13 +384,28 @@ def bitplace_scales(scales: torch.Tensor, mx: bool, per_chunk: int, nv_bias: int
     width = -(-scales.shape[2] // per_chunk) * per_chunk
     out = torch.zeros(*scales.shape[:2], width, dtype=torch.uint8, device=scales.device)
     out[..., :scales.shape[2]] = scales + (_MX_FOLD if mx else nv_bias)
-    return out
+    return _rotate_words_left_4(out) if nv_bias else out
 
 
 def unbitplace_scales(words: torch.Tensor, blocks: int, mx: bool, nv_bias: int = 0) -> torch.Tensor:
     """The inverse of bitplace_scales: the first `blocks` bytes of each row, MX exponents back to E8M0 codes."""
-    s = words[..., :blocks]
+    s = (_rotate_words_right_4(words) if nv_bias else words)[..., :blocks]
     return (s - (_MX_FOLD if mx else nv_bias)).contiguous()
+
+
+def _rotate_words_left_4(b: torch.Tensor) -> torch.Tensor:
+    """Bytes [..., 4 w] as little-endian 32-bit words, each rotated left by 4 bits: byte i becomes
+    b[i] << 4 | b[i - 1] >> 4 (byte 3's high nibble wraps into byte 0). NV_NORMAL 2's stored words: bytes 0 and 2 then
+    sit at bits 4-11 and 20-27, where the factor word of blocks 0 and 2 wants them (no shift); bytes 1 and 3 reach them
+    by one 8-bit rotate (triton_kernels._nvfp4_factor_halves)."""
+    w = b.view(*b.shape[:-1], b.shape[-1] // 4, 4)
+    return ((w << 4) | (w.roll(1, dims=-1) >> 4)).view(b.shape)
+
+
+def _rotate_words_right_4(b: torch.Tensor) -> torch.Tensor:
+    """The inverse of _rotate_words_left_4."""
+    w = b.view(*b.shape[:-1], b.shape[-1] // 4, 4)
+    return ((w >> 4) | (w.roll(-1, dims=-1) << 4)).view(b.shape)
 
 
 _MX_FOLD = 126  # 2^(s - 1) = 2^(s - 127) x 2^126: the E2M1 placement's bias, folded into the scale's exponent

@@ -562,8 +562,9 @@ def _fp4_bitplace_decode(w_ptr, sw, expert, n0, ROW_MUL: tl.constexpr, ROW_ADD, 
         SWP: tl.constexpr = QW // 2  # scale words of this part
         if INTERPRET_DOT:
             sbytes = tl.reshape(_bytes_of_words(sw), (8, 4, REPS, 2, 1, 4 * SWP))
-            if NV_NORMAL == 2:  # the codes were stored plus triton_bitplace._NV_BIAS
-                sbytes = sbytes - 0x78
+            if NV_NORMAL == 2:  # the codes were stored plus triton_bitplace._NV_BIAS, each word rotated left by 4
+                sbytes = tl.reshape(_bytes_of_words(((sw >> 4) & 0x0FFFFFFF) | (sw << 28)),
+                                    (8, 4, REPS, 2, 1, 4 * SWP)) - 0x78
             e4m3 = ((((sbytes & 0x7F) << 4) | ((sbytes & 0x80) << 8)) << 16).to(tl.float32, bitcast=True)
             e4m3 = (e4m3 * 1.7014118346046923e38) * 5.192296858534828e33  # x 2^127 x 2^112: s x 2^119
             fbits = (e4m3.to(tl.uint32, bitcast=True) >> 16).to(tl.int32)
@@ -644,8 +645,8 @@ def _nvfp4_factor_words(sw, NORMAL: tl.constexpr = False):
 
 @_device
 def _nv_biased_factor_pairs(shifted):
-    """(shifted & 0x0FF00FF0) | 0x70007000: two biased E4M3 codes 4 bits up, their bf16 factors' exponent top bits
-    or'ed in. Compiled, one three-input LOP3 (lop3.b32's LUT 0xEA, (a & b) | c) where Triton's and-then-or took two,
+    """(shifted & 0x0FF00FF0) | 0x70007000: two biased E4M3 codes at bits 4-11 and 20-27, their bf16 factors'
+    exponent top bits or'ed in. Compiled, one three-input LOP3 (lop3.b32's LUT 0xEA, (a & b) | c) where Triton's and-then-or took two,
     each with its own immediate (Triton 3.6, sm90: NVFP4 K step 13-15 SASS fewer: decode 458 -> 443, the Gluon decode
     GEMM 394 -> 379, the 8-warp prefill row 496 -> 481); the same bits."""
     if INTERPRET_C:
@@ -656,14 +657,28 @@ def _nv_biased_factor_pairs(shifted):
 
 
 @_device
+def _rotate_right_8(w):
+    """The int32 word w rotated right by 8 bits. Compiled, one funnel shift (shf.r.wrap: SHF.R.W.U32); Triton's
+    shift-and-or of an int32 would take two shifts and an or."""
+    if INTERPRET_C:
+        return ((w >> 8) & 0x00FFFFFF) | (w << 24)
+    else:
+        return tl.inline_asm_elementwise("shf.r.wrap.b32 $0, $1, $1, 8;", "=r,r", [w], dtype=tl.int32, is_pure=True,
+                                         pack=1)
+
+
+@_device
 def _nvfp4_factor_halves(sw, NORMAL: tl.constexpr = False):
     """_nvfp4_factor_words' factors before the duplication: (even, odd), the factors of blocks 0 and 2 (1 and 3)
     as the low and high halves of one word. NORMAL 2: the bytes are positive normal codes stored plus 0x78
     (triton_bitplace._NV_BIAS), (e + 15) << 3 | m, and each factor is its byte 4 bits up with 0x7000 or'ed in:
-    exponent field 224 + e + 15 = e + 239, mantissa m << 4 (an arithmetic shift's sign bits land outside the mask)."""
-    if NORMAL == 2:
-        even = _nv_biased_factor_pairs(sw << 4)
-        odd = _nv_biased_factor_pairs(sw >> 4)
+    exponent field 224 + e + 15 = e + 239, mantissa m << 4. The stored words are rotated left by 4 bits, so bytes 0
+    and 2 are already 4 bits up (even: one LOP3) and bytes 1 and 3 get there by one 8-bit rotate (odd: a funnel shift
+    and a LOP3): 8 SASS fewer a K step than a shift before each (Triton 3.6, sm90: the 8-warp prefill row 481 -> 473,
+    decode 443 -> 435, the Gluon decode GEMM 379 -> 371)."""
+    if NORMAL == 2:  # the stored words rotated left by 4 (triton_bitplace._rotate_words_left_4)
+        even = _nv_biased_factor_pairs(sw)
+        odd = _nv_biased_factor_pairs(_rotate_right_8(sw))
     elif NORMAL:
         even = (((sw & 0x007F007F) << 4) + 0x77807780) | ((sw & 0x00800080) << 8)
         odd = ((((sw >> 8) & 0x007F007F) << 4) + 0x77807780) | (((sw >> 8) & 0x00800080) << 8)

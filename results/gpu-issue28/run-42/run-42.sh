@@ -13,6 +13,9 @@
 #      MXFP4 too: the A/B for their defaults (the rows of step 1 are the "on" side).
 export PYTHONUNBUFFERED=1
 mkdir -p $OUT/t
+# session 46: NVFP4's biased scale words stored rotated by 4 bits; the compiled factor words against every code first
+timeout 120 python3 -m pytest -q -p no:cacheprovider suites/test_triton_helpers.py -k "factor_words" 2>&1 | tail -3 \
+  | tee $OUT/t/factor_words.log
 ROW="--config block_m=128 --config block_n=128 --config block_k=128 --config num_warps=8 --config num_stages=3 --config group_m=8 --config quant_launch=1"
 MX="--config block_m=128 --config block_n=64 --config block_k=128 --config num_warps=4 --config num_stages=3 --config group_m=8 --config tail_m=64 --config inline_tails=1"
 point() {  # label env-prefix model scheme flags...
@@ -25,6 +28,14 @@ point() {  # label env-prefix model scheme flags...
 timeout 90 python3 tools/chain_timeline.py --model gpt-oss-120b --scheme w_mxfp4 --tokens 8 \
   --backend triton_bitplace_gluon --replays 30 --sweep GLUON_MAXNREG=80,64,80,64 2>&1 | grep -v -i warn > $OUT/t/maxnreg.log
 echo "GLUON_MAXNREG gpt-oss-120b T8: $(grep -o 'GLUON_MAXNREG=[0-9]*: median replay [0-9.]* us' $OUT/t/maxnreg.log | tr '\n' ' ')"
+# 0b (session 46): the ring's depth at each cap (5 slots fit 3 programs a multiprocessor, 192 KB), and GEMM2's rows
+# a program (run-9: 64 was 2% faster at gpt-oss-120b 8 tokens, 128 the default for the other points)
+MOE_CONFORMANCE_GLUON_STAGES=5 timeout 90 python3 tools/chain_timeline.py --model gpt-oss-120b --scheme w_mxfp4 --tokens 8 \
+  --backend triton_bitplace_gluon --replays 30 --sweep GLUON_MAXNREG=80,64,80 2>&1 | grep -v -i warn > $OUT/t/maxnreg-s5.log
+echo "stages 5, GLUON_MAXNREG gpt-oss-120b T8: $(grep -o 'GLUON_MAXNREG=[0-9]*: median replay [0-9.]* us' $OUT/t/maxnreg-s5.log | tr '\n' ' ')"
+timeout 90 python3 tools/chain_timeline.py --model gpt-oss-120b --scheme w_mxfp4 --tokens 8 \
+  --backend triton_bitplace_gluon --replays 30 --sweep GLUON_W2_BLOCK_N=128,64,128,64 2>&1 | grep -v -i warn > $OUT/t/w2.log
+echo "GLUON_W2_BLOCK_N gpt-oss-120b T8: $(grep -o 'GLUON_W2_BLOCK_N=[0-9]*: median replay [0-9.]* us' $OUT/t/w2.log | tr '\n' ' ')"
 tailm() { [ $1 = kimi-k2 ] && echo 64 || echo 32; }
 for model in gpt-oss-120b kimi-k2; do
   for scheme in w_nvfp4 w_nvfp4_a_nvfp4; do
