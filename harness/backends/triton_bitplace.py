@@ -47,7 +47,10 @@ NVFP4_EXPONENT_ADD = os.environ.get("MOE_CONFORMANCE_NVFP4_EXPONENT_ADD", "1") =
 # two factors (triton_kernels._nvfp4_factor_halves) where the add took six or seven: 24 SASS fewer a K step again
 # (Triton 3.6 for sm90: decode 482 -> 458, the Gluon decode GEMM 418 -> 394, the 8-warp prefill row 520 -> 496), and
 # the and-or one three-input LOP3 since session 45 (_nv_biased_factor_pairs: 458 -> 443, 394 -> 379, 496 -> 481; its
-# bits checked on an H100 in results/gpu-issue28/run-43, not yet timed). The biased codes ran in session 45's bench on an H100 before that (conformance passed:
+# bits checked on an H100 in results/gpu-issue28/run-43, not yet timed), and since session 46 each stored word rotated
+# left by 4 bits (_rotate_words_left_4): bytes 0 and 2 already 4 bits up, bytes 1 and 3 one funnel rotate away, 8 SASS
+# fewer again (481 -> 473, 443 -> 435, 379 -> 371; not yet run on a GPU). The biased codes ran in session 45's bench
+# on an H100 before that (conformance passed:
 # results/gpu-issue28/run-35/session45-h100), their A/B not yet timed (run-42); MOE_CONFORMANCE_NVFP4_BIASED_SCALES=0
 # keeps the codes as they are.
 NVFP4_BIASED_SCALES = os.environ.get("MOE_CONFORMANCE_NVFP4_BIASED_SCALES", "1") == "1"
