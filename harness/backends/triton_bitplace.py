@@ -376,8 +376,8 @@ def bitplace_scales(scales: torch.Tensor, mx: bool, per_chunk: int, nv_bias: int
     """Block scales [E, N, K / block] (uint8) in the kernel's layout: each row padded with zero bytes to whole
     128-value chunks (per_chunk scales each: 4 for MX, 8 for NVFP4; whole 32-bit words), MX scales stored as
     s + 126 (the bf16 exponent field of 2^(s - 1), s <= 128), NVFP4 E4M3 codes as they are, or plus nv_bias
-    (_NV_BIAS: positive normal codes only, 0x08-0x7E). A pure data movement and a byte offset; unbitplace_scales
-    inverts it."""
+    (_NV_BIAS: positive normal codes only, 0x08-0x7E) with each 32-bit word then rotated left by 4 bits
+    (_rotate_words_left_4). A pure data movement and a byte offset; unbitplace_scales inverts it."""
     if scales.dtype != torch.uint8 or scales.dim() != 3:
         raise TypeError(f"scales must be uint8 [E, N, K / block], got {scales.dtype} {tuple(scales.shape)}")
     if mx and int(scales.max()) > E8M0_FOLDABLE_MAX:
