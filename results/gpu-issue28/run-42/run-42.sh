@@ -36,6 +36,10 @@ echo "stages 5, GLUON_MAXNREG gpt-oss-120b T8: $(grep -o 'GLUON_MAXNREG=[0-9]*: 
 timeout 90 python3 tools/chain_timeline.py --model gpt-oss-120b --scheme w_mxfp4 --tokens 8 \
   --backend triton_bitplace_gluon --replays 30 --sweep GLUON_W2_BLOCK_N=128,64,128,64 2>&1 | grep -v -i warn > $OUT/t/w2.log
 echo "GLUON_W2_BLOCK_N gpt-oss-120b T8: $(grep -o 'GLUON_W2_BLOCK_N=[0-9]*: median replay [0-9.]* us' $OUT/t/w2.log | tr '\n' ' ')"
+# GEMM1 split 2 at 8 tokens (2250 programs, 5.7 waves at 3 a multiprocessor, against 1125 and 2.84: a smaller tail)
+timeout 90 python3 tools/chain_timeline.py --model gpt-oss-120b --scheme w_mxfp4 --tokens 8 \
+  --backend triton_bitplace_gluon --replays 30 --sweep GLUON_SPLIT_K_PROGRAMS=256,2048,256,2048 2>&1 | grep -v -i warn > $OUT/t/split.log
+echo "GLUON_SPLIT_K_PROGRAMS gpt-oss-120b T8: $(grep -o 'GLUON_SPLIT_K_PROGRAMS=[0-9]*: median replay [0-9.]* us' $OUT/t/split.log | tr '\n' ' ')"
 tailm() { [ $1 = kimi-k2 ] && echo 64 || echo 32; }
 for model in gpt-oss-120b kimi-k2; do
   for scheme in w_nvfp4 w_nvfp4_a_nvfp4; do
