@@ -777,20 +777,39 @@ def test_the_bit_for_bit_tool_reports_a_backend_one_ulp_off(monkeypatch, capsys,
     assert capsys.readouterr().out.count("bit for bit False") == 2
 
 
-def _gluon_tile(box: torch.Tensor, f01: torch.Tensor, f23: torch.Tensor) -> torch.Tensor:
+def _gluon_tile(box: torch.Tensor, f01: torch.Tensor, f23: torch.Tensor, halves: int = 0) -> torch.Tensor:
     """gluon_kernels._decode_tile in torch on its logical values (a Gluon layout moves no value): a code box
     [32 row pairs, 32 words] (int64 holding uint32) and the block factors [64 rows, 4 q] of pairs 0, 1 and 2, 3
-    of word 4t + q (bf16 bits in both halves) -> the tile's [64, 128] values (float64, exact)."""
+    of word 4t + q (bf16 bits in both halves; halves 1 / 2: _tile_factor_halves' words, MX / NVFP4, each read in
+    the half _scaled_by_factor_halves picks, its reshapes, permutes, splits and joins replayed) -> the tile's
+    [64, 128] values (float64, exact)."""
     from harness.backends.gluon_kernels import DECODE_ORDER
 
     word = box.reshape(32, 2, 16).reshape(64, 16).reshape(64, 4, 4)
     w5 = word.reshape(4, 2, 8, 4, 4)
     f01, f23 = (f[:, None, :].expand(64, 4, 4).reshape(4, 2, 8, 4, 4) for f in (f01, f23))
     half = lambda p: ((p & 0xFFFF) << 16).to(torch.int32).view(torch.float32).double()  # noqa: E731
+
+    def by_halves(p, f):  # _scaled_by_factor_halves: gl.split takes the last dim apart, gl.join makes a new last one
+        p6, f6 = p.reshape(4, 2, 8, 4, 2, 2), f.reshape(4, 2, 8, 4, 2, 2)
+        if halves == 1:
+            p6, f6 = p6.transpose(-1, -2), f6.transpose(-1, -2)
+        out = []
+        for part in (lambda x: x, lambda x: x >> 16):  # the pair's low value, then its high value
+            prods = [half(part(p6[..., h])) * half(f6[..., h] >> (16 * h)) for h in (0, 1)]
+            joined = torch.stack(prods, -1)
+            out.append((joined.transpose(-1, -2) if halves == 1 else joined).reshape(4, 2, 8, 4, 4))
+        return out
+
     lo, hi = [], []
     for p, f in zip(_place_pairs(w5), (f01, f01, f23, f23)):  # each placed pair's halves times its factor (exact)
-        lo.append(half(p) * half(f))
-        hi.append(half(p >> 16) * half(f))
+        if halves:
+            low, high = by_halves(p, f)
+            lo.append(low)
+            hi.append(high)
+        else:
+            lo.append(half(p) * half(f))
+            hi.append(half(p >> 16) * half(f))
     # join(join(join(lo0, lo2), join(lo1, lo3)), join(join(hi0, hi2), join(hi1, hi3))): new dims last
     joined = torch.stack([torch.stack([torch.stack([v[0], v[2]], -1), torch.stack([v[1], v[3]], -1)], -1)
                           for v in (lo, hi)], -1)
@@ -824,9 +843,14 @@ def test_the_gluon_decode_reads_the_tma_boxes_of_every_tile_in_the_stored_order(
                 box = code_words[e * n_rows // 2 + first // 2:][:32, c * 32:(c + 1) * 32]
                 sbox = by_chunk[e * chunks + c, first * 4:first * 4 + 256].view(64, 4)
                 f = sbox.to(torch.int64) * 0x00800080
-                tile = _gluon_tile(box, f, f)
-                bad = tile != want[e, first:first + 64, c * 128:(c + 1) * 128]
-                assert not bad.any(), (e, first, c, int(bad.sum()), tuple(bad.nonzero()[0].tolist()))
+                # _tile_factor_halves (HALF_SELECT): the row's word, blocks 0, 2 and 1, 3 as the halves of two;
+                # [64, 1, 2 j, 2 i] -> q = 2j + i holds word i
+                w = sum(sbox[:, i].to(torch.int64) << (8 * i) for i in range(4))
+                ev, od = (w << 7) & 0x7F807F80, (w >> 1) & 0x7F807F80
+                fh = torch.stack([torch.stack([ev, ev], -1), torch.stack([od, od], -1)], -1).reshape(64, 4)
+                for tile in (_gluon_tile(box, f, f), _gluon_tile(box, fh, fh, halves=1)):
+                    bad = tile != want[e, first:first + 64, c * 128:(c + 1) * 128]
+                    assert not bad.any(), (e, first, c, int(bad.sum()), tuple(bad.nonzero()[0].tolist()))
 
 
 @pytest.mark.parametrize("per_chunk", [4, 8])
@@ -895,9 +919,14 @@ def test_the_gluon_nvfp4_decode_reads_its_512_byte_scale_boxes_in_block_order():
                 d = [factor(sbox[:, j::4]) for j in range(4)]  # d_j[:, w]: block 4w + j
                 f01 = torch.stack([d[0], d[2]], -1).reshape(64, 4)  # q = 2w + jj: block 2q
                 f23 = torch.stack([d[1], d[3]], -1).reshape(64, 4)  # block 2q + 1
-                tile = _gluon_tile(box, f01, f23)
-                bad = tile != want[e, first:first + 64, c * 128:(c + 1) * 128]
-                assert not bad.any(), (e, first, c, int(bad.sum()), tuple(bad.nonzero()[0].tolist()))
+                # _tile_factor_halves (HALF_SELECT): word w's even (blocks 4w, 4w + 2) and odd (4w + 1, 4w + 3)
+                # halves, each joined with itself: q = 2w + j
+                even = (d[0] & 0xFFFF) | (d[2] & 0xFFFF) << 16
+                odd = (d[1] & 0xFFFF) | (d[3] & 0xFFFF) << 16
+                h01, h23 = (torch.stack([x, x], -1).reshape(64, 4) for x in (even, odd))
+                for tile in (_gluon_tile(box, f01, f23), _gluon_tile(box, h01, h23, halves=2)):
+                    bad = tile != want[e, first:first + 64, c * 128:(c + 1) * 128]
+                    assert not bad.any(), (e, first, c, int(bad.sum()), tuple(bad.nonzero()[0].tolist()))
 
 
 def test_gemm1_prefetches_its_weights_before_its_wait_only_where_the_ids_rank_its_blocks(monkeypatch):

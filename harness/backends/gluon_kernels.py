@@ -113,6 +113,10 @@ SCALE_BOX = [1, 256]  # uint8: one chunk's 4 MX block-scale bytes of 64 rows
 NVFP4_SCALE_BOX = [2, 256]  # uint8: one chunk's 8 NVFP4 block-scale bytes of 64 rows (a box row is at most 256)
 # the NVFP4 box as [64 rows, 2 int32 words] (blocks 4w .. 4w + 3 of a row in word w), a row's words in the
 # registers of the threads that hold that row's codes (CODE_ROWS' rows; the thread-group lanes t all alike)
+# the MX box as [64 rows, 1 int32 word] (a row's 4 block scales), likewise in the registers of its rows' threads
+MX_SCALE_WORDS = gl.constexpr(gl.DistributedLinearLayout(
+    reg_bases=[[8, 0]], lane_bases=[[0, 0], [0, 0], [1, 0], [2, 0], [4, 0]], warp_bases=[[16, 0], [32, 0]],
+    block_bases=[], shape=[64, 1]))
 SCALE_WORDS = gl.constexpr(gl.DistributedLinearLayout(
     reg_bases=[[0, 1], [8, 0]], lane_bases=[[0, 0], [0, 0], [1, 0], [2, 0], [4, 0]], warp_bases=[[16, 0], [32, 0]],
     block_bases=[], shape=[64, 2]))
@@ -138,6 +142,63 @@ else:
         return slot._reinterpret(gl.int32, [64, 2], SVIEW).load(LAYOUT)
 
 
+if hasattr(gl.shared_memory_descriptor, "reinterpret"):
+    @gluon.jit
+    def _scale_row_words(slot, LAYOUT: gl.constexpr, SVIEW: gl.constexpr):
+        return slot.reinterpret(gl.int32, [64, 1], SVIEW).load(LAYOUT)
+else:
+    @gluon.jit
+    def _scale_row_words(slot, LAYOUT: gl.constexpr, SVIEW: gl.constexpr):
+        return slot._reinterpret(gl.int32, [64, 1], SVIEW).load(LAYOUT)
+
+
+@gluon.jit
+def _tile_factor_halves(slot, W_NV: gl.constexpr, SL: gl.constexpr, SVIEW: gl.constexpr):
+    """The block factors of a tile's scale box two a word, not doubled (triton_kernels.HALF_SELECT): (f01, f23),
+    [64 rows, 4 q] in SL, the word holding the factor of pairs 0, 1 (f01) and 2, 3 (f23) of word 4t + q in one of
+    its halves, which _scaled_by_factor_halves reads through the multiply's operand selector (no byte extraction,
+    no duplication). MX: a row's 4 scale bytes are one word; blocks 0, 2 as the halves of (w << 7) & 0x7F807F80,
+    blocks 1, 3 of (w >> 1) & 0x7F807F80 (the exponent field of 2^(s - 1) at bits 7 and 23); block q = 2 j + i is
+    half j of word i, for all four pairs. NVFP4: triton_kernels._nvfp4_factor_halves of the row's two words w:
+    block 4w + 2j + i is half j of its even (i 0) or odd (i 1) word; pairs 0, 1 of word q = 2w + j are in block 2q
+    (even), pairs 2, 3 in block 2q + 1 (odd), half j = q % 2."""
+    if W_NV:
+        even, odd = K._nvfp4_factor_halves(_scale_words(slot, SCALE_WORDS, SVIEW), W_NV - 1)  # [64, 2 w]
+        f01 = gl.convert_layout(gl.reshape(gl.join(even, even), [64, 4]), SL, assert_trivial=True)  # q = 2w + j
+        f23 = gl.convert_layout(gl.reshape(gl.join(odd, odd), [64, 4]), SL, assert_trivial=True)
+    else:
+        w = _scale_row_words(slot, MX_SCALE_WORDS, SVIEW)  # [64, 1]
+        ev = (w << 7) & 0x7F807F80
+        od = (w >> 1) & 0x7F807F80  # (an arithmetic shift's sign bit lands outside the mask)
+        # [64, 1, 2 j, 2 i] -> q = 2j + i: word i, each j alike
+        f01 = gl.convert_layout(gl.reshape(gl.join(gl.join(ev, ev), gl.join(od, od)), [64, 4]), SL,
+                                assert_trivial=True)
+        f23 = f01
+    return f01, f23
+
+
+@gluon.jit
+def _scaled_by_factor_halves(p, f, MX: gl.constexpr):
+    """Placed pairs p [4, 2, 8, 4 t, 4 q] times their block factors, f [4, 2, 8, 4, 4] the words of
+    _tile_factor_halves broadcast over t: word q by half q % 2 of f[q] (NVFP4) or half q // 2 (MX), read in place by
+    triton_kernels._scaled_halves_bf16_half (HMUL2 ... R.H0_H0 / R.H1_H1) -> (lo, hi) as p."""
+    p6 = gl.reshape(p, [4, 2, 8, 4, 2, 2])  # [.., q // 2, q % 2]
+    f6 = gl.reshape(f, [4, 2, 8, 4, 2, 2])
+    if MX:  # the half is q // 2: to the last dim
+        p6 = gl.permute(p6, (0, 1, 2, 3, 5, 4))
+        f6 = gl.permute(f6, (0, 1, 2, 3, 5, 4))
+    pa, pb = gl.split(p6)
+    fa, fb = gl.split(f6)
+    la, ha = K._scaled_halves_bf16_half(pa, fa, 0)
+    lb, hb = K._scaled_halves_bf16_half(pb, fb, 1)
+    lo = gl.join(la, lb)
+    hi = gl.join(ha, hb)
+    if MX:
+        lo = gl.permute(lo, (0, 1, 2, 3, 5, 4))
+        hi = gl.permute(hi, (0, 1, 2, 3, 5, 4))
+    return gl.reshape(lo, [4, 2, 8, 4, 4]), gl.reshape(hi, [4, 2, 8, 4, 4])
+
+
 @gluon.jit
 def _tile_factors(slot, W_NV: gl.constexpr, SL: gl.constexpr, SVIEW: gl.constexpr):
     """The block factors of a tile's scale box as bf16x2 words (the factor in both halves), [64 rows, 4 q] in SL:
@@ -160,12 +221,15 @@ def _tile_factors(slot, W_NV: gl.constexpr, SL: gl.constexpr, SVIEW: gl.constexp
 def _decode_slot(code_slot, scale_slot, W_NV: gl.constexpr, PAIRS: gl.constexpr, SL: gl.constexpr,
                  SVIEW: gl.constexpr, DOT: gl.constexpr, ROWS3: gl.constexpr):
     """A ring slot's tile (its codes and scale box) decoded into the wgmma register operand."""
+    if K.HALF_SELECT:
+        f01, f23 = _tile_factor_halves(scale_slot, W_NV, SL, SVIEW)
+        return _decode_tile(code_slot.load(PAIRS), f01, f23, DOT, ROWS3, 1 if W_NV == 0 else 2)
     f01, f23 = _tile_factors(scale_slot, W_NV, SL, SVIEW)
     return _decode_tile(code_slot.load(PAIRS), f01, f23, DOT, ROWS3)
 
 
 @gluon.jit
-def _decode_tile(codes, f01, f23, DOT: gl.constexpr, ROWS3: gl.constexpr):
+def _decode_tile(codes, f01, f23, DOT: gl.constexpr, ROWS3: gl.constexpr, HALVES: gl.constexpr = 0):
     """codes [32 pairs, 32 words] int32 (CODE_PAIRS), f01 / f23 [64 rows, 4 q] the block factors of pairs 0, 1 and
     2, 3 of word 4t + q (_tile_factors) -> the [64, 128] bf16 weights in the wgmma register operand's layout (MX:
     value x 2^s; NVFP4: value x scale x 2^-7). Code n = 4 i0 + 2 i2 + i1 of word 4t + q is column 32q + 16 i2 +
@@ -176,10 +240,16 @@ def _decode_tile(codes, f01, f23, DOT: gl.constexpr, ROWS3: gl.constexpr):
     f01 = gl.reshape(gl.broadcast(gl.expand_dims(f01, 1), word)[0], [4, 2, 8, 4, 4])
     f23 = gl.reshape(gl.broadcast(gl.expand_dims(f23, 1), word)[0], [4, 2, 8, 4, 4])
     p0, p1, p2, p3 = K._place_pairs(w5)
-    lo0, hi0 = K._scaled_halves_bf16(p0, f01)
-    lo1, hi1 = K._scaled_halves_bf16(p1, f01)
-    lo2, hi2 = K._scaled_halves_bf16(p2, f23)
-    lo3, hi3 = K._scaled_halves_bf16(p3, f23)
+    if HALVES:  # the factors two a word (_tile_factor_halves): 1 MX, 2 NVFP4
+        lo0, hi0 = _scaled_by_factor_halves(p0, f01, HALVES == 1)
+        lo1, hi1 = _scaled_by_factor_halves(p1, f01, HALVES == 1)
+        lo2, hi2 = _scaled_by_factor_halves(p2, f23, HALVES == 1)
+        lo3, hi3 = _scaled_by_factor_halves(p3, f23, HALVES == 1)
+    else:
+        lo0, hi0 = K._scaled_halves_bf16(p0, f01)
+        lo1, hi1 = K._scaled_halves_bf16(p1, f01)
+        lo2, hi2 = K._scaled_halves_bf16(p2, f23)
+        lo3, hi3 = K._scaled_halves_bf16(p3, f23)
     w = gl.join(gl.join(gl.join(lo0, lo2), gl.join(lo1, lo3)), gl.join(gl.join(hi0, hi2), gl.join(hi1, hi3)))
     # a tuple of its items: Triton 3.6's permute takes no constexpr tuple
     w = gl.permute(w, (DECODE_ORDER[0], DECODE_ORDER[1], DECODE_ORDER[2], DECODE_ORDER[3], DECODE_ORDER[4],

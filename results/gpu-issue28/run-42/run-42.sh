@@ -16,6 +16,13 @@ mkdir -p $OUT/t
 # session 46: NVFP4's biased scale words stored rotated by 4 bits; the compiled factor words against every code first
 timeout 120 python3 -m pytest -q -p no:cacheprovider suites/test_triton_helpers.py -k "factor_words" 2>&1 | tail -3 \
   | tee $OUT/t/factor_words.log
+# session 46: the Gluon decode GEMM's factors two a word (HALF_SELECT, _tile_factor_halves): bit for bit with
+# moe_gemm_kernel's decode (itself checked by session 45's conformance) before anything is timed
+for scheme in w_mxfp4 w_nvfp4; do
+  timeout 150 python3 tools/bit_for_bit.py --model gpt-oss-120b --scheme $scheme --tokens 1 8 --ref triton_bitplace \
+    --ref-config num_stages=3 --backend triton_bitplace_gluon --config num_stages=4 2>&1 | grep -v -i warn \
+    | tee $OUT/t/bfb-$scheme.log | grep -c "bit for bit True" | sed "s/^/gluon $scheme bit for bit points: /"
+done
 ROW="--config block_m=128 --config block_n=128 --config block_k=128 --config num_warps=8 --config num_stages=3 --config group_m=8 --config quant_launch=1"
 MX="--config block_m=128 --config block_n=64 --config block_k=128 --config num_warps=4 --config num_stages=3 --config group_m=8 --config tail_m=64 --config inline_tails=1"
 point() {  # label env-prefix model scheme flags...
