@@ -122,34 +122,16 @@ SCALE_WORDS = gl.constexpr(gl.DistributedLinearLayout(
     block_bases=[], shape=[64, 2]))
 
 
-# the [64, 4] bytes (MX) or [64, 2] words (NVFP4) of a scale box: Triton 3.6 names the method _reinterpret, later
-# releases reinterpret
+# a scale box as [64 rows, COLS] of DTYPE (MX: 4 bytes or 1 word a row; NVFP4: 2 words): Triton 3.6 names the method
+# _reinterpret, later releases reinterpret
 if hasattr(gl.shared_memory_descriptor, "reinterpret"):
     @gluon.jit
-    def _scale_bytes(slot, LAYOUT: gl.constexpr, SVIEW: gl.constexpr):
-        return slot.reinterpret(gl.uint8, [64, 4], SVIEW).load(LAYOUT)
-
-    @gluon.jit
-    def _scale_words(slot, LAYOUT: gl.constexpr, SVIEW: gl.constexpr):
-        return slot.reinterpret(gl.int32, [64, 2], SVIEW).load(LAYOUT)
+    def _scale_box_as(slot, DTYPE: gl.constexpr, COLS: gl.constexpr, LAYOUT: gl.constexpr, SVIEW: gl.constexpr):
+        return slot.reinterpret(DTYPE, [64, COLS], SVIEW).load(LAYOUT)
 else:
     @gluon.jit
-    def _scale_bytes(slot, LAYOUT: gl.constexpr, SVIEW: gl.constexpr):
-        return slot._reinterpret(gl.uint8, [64, 4], SVIEW).load(LAYOUT)
-
-    @gluon.jit
-    def _scale_words(slot, LAYOUT: gl.constexpr, SVIEW: gl.constexpr):
-        return slot._reinterpret(gl.int32, [64, 2], SVIEW).load(LAYOUT)
-
-
-if hasattr(gl.shared_memory_descriptor, "reinterpret"):
-    @gluon.jit
-    def _scale_row_words(slot, LAYOUT: gl.constexpr, SVIEW: gl.constexpr):
-        return slot.reinterpret(gl.int32, [64, 1], SVIEW).load(LAYOUT)
-else:
-    @gluon.jit
-    def _scale_row_words(slot, LAYOUT: gl.constexpr, SVIEW: gl.constexpr):
-        return slot._reinterpret(gl.int32, [64, 1], SVIEW).load(LAYOUT)
+    def _scale_box_as(slot, DTYPE: gl.constexpr, COLS: gl.constexpr, LAYOUT: gl.constexpr, SVIEW: gl.constexpr):
+        return slot._reinterpret(DTYPE, [64, COLS], SVIEW).load(LAYOUT)
 
 
 @gluon.jit
@@ -163,11 +145,11 @@ def _tile_factor_halves(slot, W_NV: gl.constexpr, SL: gl.constexpr, SVIEW: gl.co
     block 4w + 2j + i is half j of its even (i 0) or odd (i 1) word; pairs 0, 1 of word q = 2w + j are in block 2q
     (even), pairs 2, 3 in block 2q + 1 (odd), half j = q % 2."""
     if W_NV:
-        even, odd = K._nvfp4_factor_halves(_scale_words(slot, SCALE_WORDS, SVIEW), W_NV - 1)  # [64, 2 w]
+        even, odd = K._nvfp4_factor_halves(_scale_box_as(slot, gl.int32, 2, SCALE_WORDS, SVIEW), W_NV - 1)  # [64, 2 w]
         f01 = gl.convert_layout(gl.reshape(gl.join(even, even), [64, 4]), SL, assert_trivial=True)  # q = 2w + j
         f23 = gl.convert_layout(gl.reshape(gl.join(odd, odd), [64, 4]), SL, assert_trivial=True)
     else:
-        w = _scale_row_words(slot, MX_SCALE_WORDS, SVIEW)  # [64, 1]
+        w = _scale_box_as(slot, gl.int32, 1, MX_SCALE_WORDS, SVIEW)  # [64, 1]
         ev = (w << 7) & 0x7F807F80
         od = (w >> 1) & 0x7F807F80  # (an arithmetic shift's sign bit lands outside the mask)
         # [64, 1, 2 j, 2 i] -> q = 2j + i: word i, each j alike
@@ -208,11 +190,12 @@ def _tile_factors(slot, W_NV: gl.constexpr, SL: gl.constexpr, SVIEW: gl.constexp
     codes stored biased, triton_bitplace._NV_BIAS), block 2q
     (columns 32q .. + 15, i2 = 0: pairs 0, 1) and block 2q + 1."""
     if W_NV:
-        d0, d1, d2, d3 = K._nvfp4_factor_words(_scale_words(slot, SCALE_WORDS, SVIEW), W_NV - 1)  # 4w + 0..3
+        words = _scale_box_as(slot, gl.int32, 2, SCALE_WORDS, SVIEW)
+        d0, d1, d2, d3 = K._nvfp4_factor_words(words, W_NV - 1)  # 4w + 0..3
         f01 = gl.convert_layout(gl.reshape(gl.join(d0, d2), [64, 4]), SL, assert_trivial=True)  # q = 2w + j
         f23 = gl.convert_layout(gl.reshape(gl.join(d1, d3), [64, 4]), SL, assert_trivial=True)
     else:
-        f01 = _scale_bytes(slot, SL, SVIEW).to(gl.int32) * 0x00800080  # 2^(s - 1) in both halves
+        f01 = _scale_box_as(slot, gl.uint8, 4, SL, SVIEW).to(gl.int32) * 0x00800080  # 2^(s - 1) in both halves
         f23 = f01
     return f01, f23
 
