@@ -1264,3 +1264,18 @@ def test_the_gluon_gemm_takes_exactly_the_launches_its_contract_covers(monkeypat
     gluon._partials_kernel(gluon.prepare(nv_low), "w2", 0, decode, None, 256, 256, 128)(
         torch.zeros(2, 128, dtype=torch.bfloat16), None, None, None, 2, 1, 256, 256, 128, False, 1)
     assert seen[-1][-3] == 1, seen  # a subnormal scale: the multiplies
+
+
+def test_a_table_row_override_from_the_environment_is_key_int_pairs_or_a_clear_error(monkeypatch):
+    """triton_bitplace.env_tiles (MOE_CONFORMANCE_NVFP4_PREFILL_TILES: make bench A/B runs of the NVFP4 prefill rows):
+    "key=int,key=int" gives those keys, unset or empty none, anything else an error naming the variable."""
+    from harness.backends.triton_bitplace import env_tiles
+
+    monkeypatch.delenv("MOE_CONFORMANCE_TEST_TILES", raising=False)
+    assert env_tiles("MOE_CONFORMANCE_TEST_TILES") == {}
+    monkeypatch.setenv("MOE_CONFORMANCE_TEST_TILES", " tail_warps=4, tail_block_n=64 ")
+    assert env_tiles("MOE_CONFORMANCE_TEST_TILES") == dict(tail_warps=4, tail_block_n=64)
+    for bad in ("tail_warps", "tail_warps=four"):
+        monkeypatch.setenv("MOE_CONFORMANCE_TEST_TILES", bad)
+        with pytest.raises(ValueError, match="MOE_CONFORMANCE_TEST_TILES takes key=int pairs"):
+            env_tiles("MOE_CONFORMANCE_TEST_TILES")

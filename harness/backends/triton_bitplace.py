@@ -100,12 +100,27 @@ SERIAL_K = os.environ.get("MOE_CONFORMANCE_SERIAL_K", "0") == "1"
 # the kernel (its warning C7515; suites/test_triton_helpers.py), where 3.6 (the H200 image's) does not; there the
 # 4-warp 128-row row (not serialized by either; run-28: 5138 / 18679 us, W4A4 5504 on run-30's H100).
 EIGHT_WARP_BITPLACE_TRITON = (3, 6)
+
+
+def env_tiles(name: str) -> dict[str, int]:
+    """Tile keys from the environment variable `name` ("key=int,key=int"; unset or empty: none), for A/B runs of a
+    table row in make bench without an edit (the bench report lists the variables in force)."""
+    text = os.environ.get(name, "").strip()
+    try:
+        return {k.strip(): int(v) for k, v in (item.split("=", 1) for item in text.split(",") if item.strip())}
+    except ValueError:
+        raise ValueError(f"{name} takes key=int pairs separated by commas, got {text!r}") from None
+
+
+# MOE_CONFORMANCE_NVFP4_PREFILL_TILES: keys added to both NVFP4 prefill rows (run-40's candidate:
+# "tail_warps=4,tail_block_n=64")
+_NVFP4_PREFILL_EXTRA = env_tiles("MOE_CONFORMANCE_NVFP4_PREFILL_TILES")
 BITPLACE_TILES = (
     (1024, None, dict(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=3, split_k_programs=512)),
     (1 << 62, (NVFP4,), dict(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=3, group_m=8,
-                             fit_tail_m=1, quant_launch=1)),
+                             fit_tail_m=1, quant_launch=1, **_NVFP4_PREFILL_EXTRA)),
     (1 << 62, (NVFP4,), dict(block_m=128, block_n=64, block_k=128, num_warps=4, num_stages=3, group_m=8,
-                             fit_tail_m=1, quant_launch=1)),
+                             fit_tail_m=1, quant_launch=1, **_NVFP4_PREFILL_EXTRA)),
     (1 << 62, None, dict(block_m=128, block_n=64, block_k=128, num_warps=4, num_stages=3, group_m=8, fit_tail_m=1,
                          inline_tails=1)),
 )
@@ -427,8 +442,9 @@ GLUON_STAGES = int(os.environ.get("MOE_CONFORMANCE_GLUON_STAGES", "4"))
 GLUON_SPLIT_K_PROGRAMS = 256
 # its launch's register cap: the 1-warp producer is padded to a warpgroup, so 80 x 256 threads, 3 programs a
 # multiprocessor; setmaxnreg gives the consumer warpgroup 120 in the K loop (136 in the epilogue), the producer
-# 40 (24 idle): no spills (64 fits 4 programs, the consumer's loop at 88: tools/tune_moe.py sweeps both)
-GLUON_MAXNREG = 80
+# 40 (24 idle): no spills (64 fits 4 programs, the consumer's loop at 88: tools/tune_moe.py sweeps both;
+# MOE_CONFORMANCE_GLUON_MAXNREG=64 for A/B runs of make bench)
+GLUON_MAXNREG = int(os.environ.get("MOE_CONFORMANCE_GLUON_MAXNREG", "80"))
 # the consumer's schedule (gluon_kernels._consumer): 0 each step waits for its MMAs, the up tile decoded under the
 # gate tile's; 1 both tiles decoded first (GEMM2, ungated: two K steps an iteration, two independent decode chains,
 # 365 SASS per two steps against 188 a step at gpt-oss-120b's sizes, counted for sm90); 2 as 1 with a step's MMAs

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .targets import evaluate_targets, format_targets
 
-__all__ = ["write_bench_report", "write_results_json", "finish_tool"]
+__all__ = ["write_bench_report", "write_results_json", "finish_tool", "run_switches"]
 
 
 def write_results_json(name: str, payload: dict) -> Path:
@@ -32,12 +32,16 @@ def write_bench_report(rows: list[dict], anchors: dict, out_dir, cut_short: bool
     absent, not missed."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(dict(anchors=anchors, rows=rows, cut_short=cut_short), indent=1))
+    switches = run_switches()
+    (out / "results.json").write_text(json.dumps(dict(anchors=anchors, rows=rows, cut_short=cut_short,
+                                                      switches=switches), indent=1))
     warning = ([f"**Cut short** (SIGTERM) after {len(rows)} row{'s' * (len(rows) != 1)}: the rows and targets of the tests that did not run "
                 "are missing.", ""] if cut_short else [])
     lines = warning + [f"Copy bandwidth {anchors.get('copy_tb_s', 0):.2f} TB/s, bf16 dense matmul "
              f"{anchors.get('dense_bf16_tflops', 0):.0f} TFLOP/s (measured in this run); {anchors.get('device', '')}",
              _board(anchors.get("gpu") or {}),
+             "Switches: " + (", ".join(f"`{k}={v}`" for k, v in switches.items()) if switches else
+                             "none (every MOE_CONFORMANCE_* default)"),
              "% dense: against the anchor above; at the token counts a target judges by it (8192), against the dense "
              "matmul read after the row, the lower of cold (both after 1 s idle) and sustained (both after 1 s back "
              "to back: the power cap), each in brackets; median us is then the sustained one.",
@@ -54,6 +58,12 @@ def write_bench_report(rows: list[dict], anchors: dict, out_dir, cut_short: bool
     if rows and anchors.get("copy_tb_s"):
         paths["roofline"] = _roofline(rows, anchors, out / "roofline.png")
     return paths
+
+
+def run_switches() -> dict[str, str]:
+    """The MOE_CONFORMANCE_* variables of this process's environment (the backends read their A/B switches and
+    tile overrides from them at import), so that a run's figures say which kernels they are of."""
+    return {k: os.environ[k] for k in sorted(os.environ) if k.startswith("MOE_CONFORMANCE_")}
 
 
 def _pct_dense_cell(row: dict) -> str:

@@ -4,6 +4,7 @@ reference, bytes and FLOPs are what the shapes say, and the targets read the row
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -57,6 +58,24 @@ def test_targets_are_judged_on_the_fastest_kernel_and_never_on_the_baseline(tmp_
     assert "**no**" not in format_targets([x for x in t.values() if x["met"]])
     paths = write_bench_report(rows, dict(copy_tb_s=4.0, dense_bf16_tflops=800.0, device="test"), tmp_path)
     assert (tmp_path / "roofline.png").read_bytes()[:4] == b"\x89PNG" and paths["targets"].exists()
+
+
+def test_the_report_names_the_switches_its_kernels_ran_with(tmp_path, monkeypatch):
+    """The MOE_CONFORMANCE_* variables in force (A/B switches and overrides read at import) go into results.json and
+    table.md's head, or the line says none was set: a run with another ring depth is not mistaken for the defaults'."""
+    import json
+
+    for k in [k for k in os.environ if k.startswith("MOE_CONFORMANCE_")]:
+        monkeypatch.delenv(k)
+    row = _row("gpt-oss-120b", "w_mxfp4", 8, "fast", 10.0)
+    write_bench_report([row], dict(copy_tb_s=4.0, dense_bf16_tflops=800.0, device="test"), tmp_path)
+    assert "Switches: none" in (tmp_path / "table.md").read_text()
+    assert json.loads((tmp_path / "results.json").read_text())["switches"] == {}
+    monkeypatch.setenv("MOE_CONFORMANCE_GLUON_STAGES", "5")
+    monkeypatch.setenv("OTHER_VARIABLE", "1")
+    write_bench_report([row], dict(copy_tb_s=4.0, dense_bf16_tflops=800.0, device="test"), tmp_path)
+    assert "Switches: `MOE_CONFORMANCE_GLUON_STAGES=5`" in (tmp_path / "table.md").read_text()
+    assert json.loads((tmp_path / "results.json").read_text())["switches"] == {"MOE_CONFORMANCE_GLUON_STAGES": "5"}
 
 
 def test_the_anchor_is_never_the_candidate_and_is_compared_by_its_gemm_time():

@@ -43,6 +43,12 @@ echo "stages 5, GLUON_MAXNREG gpt-oss-120b T8: $(grep -o 'GLUON_MAXNREG=[0-9]*: 
 timeout 90 python3 tools/chain_timeline.py --model gpt-oss-120b --scheme w_mxfp4 --tokens 8 \
   --backend triton_bitplace_gluon --replays 30 --sweep GLUON_W2_BLOCK_N=128,64,128,64 2>&1 | grep -v -i warn > $OUT/t/w2.log
 echo "GLUON_W2_BLOCK_N gpt-oss-120b T8: $(grep -o 'GLUON_W2_BLOCK_N=[0-9]*: median replay [0-9.]* us' $OUT/t/w2.log | tr '\n' ' ')"
+# the consumer's schedule (run-8 on the H200, before the tile-major copy: 0 fastest at 5 of 6 points): at 8 tokens a
+# K step is ~3100 cycles a program at 72% of copy (8.7 KB a step, 3 programs a multiprocessor), its issue slots a
+# third busy: the decode -> MMA -> wait chain's latency, which 2 (a step's MMAs under the next decode) shortens
+timeout 90 python3 tools/chain_timeline.py --model gpt-oss-120b --scheme w_mxfp4 --tokens 8 \
+  --backend triton_bitplace_gluon --replays 30 --sweep GLUON_OVERLAP=0,2,1,0,2 2>&1 | grep -v -i warn > $OUT/t/overlap.log
+echo "GLUON_OVERLAP gpt-oss-120b T8: $(grep -o 'GLUON_OVERLAP=[0-9]*: median replay [0-9.]* us' $OUT/t/overlap.log | tr '\n' ' ')"
 # GEMM1 split 2 at 8 tokens (2250 programs, 5.7 waves at 3 a multiprocessor, against 1125 and 2.84: a smaller tail)
 timeout 90 python3 tools/chain_timeline.py --model gpt-oss-120b --scheme w_mxfp4 --tokens 8 \
   --backend triton_bitplace_gluon --replays 30 --sweep GLUON_SPLIT_K_PROGRAMS=256,2048,256,2048 2>&1 | grep -v -i warn > $OUT/t/split.log
