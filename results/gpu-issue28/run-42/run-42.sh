@@ -1,5 +1,5 @@
 #!/bin/bash
-# Issue 28 run-42 (session 45, not yet run: every device call after the bench and check was refused; an H200 or
+# Issue 28 run-42 (session 45, not yet run in session 45 or 46: every device call after the bench and check was refused; an H200 or
 # H100, carry .third_party; ~7 min on a fresh machine, a call of its own): the timing halves of run-40 (tails) and run-41
 # (time) that fit one call after this session's bench and check calls, most decisive first, replay wall time at 8192
 # tokens (tools/chain_timeline.py, 5 replays, one process a point):
@@ -11,6 +11,12 @@
 #      one-LOP3 factor words and hoisted scale addresses, the 8-warp row 481);
 #   3. both session-44 switches off (MOE_CONFORMANCE_HALF_SELECT=0 MOE_CONFORMANCE_NVFP4_BIASED_SCALES=0) at the rows,
 #      MXFP4 too: the A/B for their defaults (the rows of step 1 are the "on" side).
+# Session 46 (every device call refused, still not run) put first: the compiled NVFP4 factor words (rotated scale
+# words) and the Gluon GEMM bit for bit with moe_gemm_kernel (its factors now two a word), then at gpt-oss-120b 8 tokens
+# the ring at 5 slots, GEMM2's rows, the consumer's schedule and GEMM1 split 2 beside the register cap. A call may run
+# out (560-590 s): what ran is in $OUT/t. A winner can be benched in the next (warm) call without an edit:
+# MOE_CONFORMANCE_GLUON_MAXNREG / _GLUON_STAGES / _GLUON_W2_BLOCK_N / _GLUON_OVERLAP, and
+# MOE_CONFORMANCE_NVFP4_PREFILL_TILES=tail_warps=4,tail_block_n=64 before PART=bench bash run-35/run-35.sh.
 export PYTHONUNBUFFERED=1
 mkdir -p $OUT/t
 # session 46: NVFP4's biased scale words stored rotated by 4 bits; the compiled factor words against every code first
