@@ -4,6 +4,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -1268,7 +1271,8 @@ def test_the_gluon_gemm_takes_exactly_the_launches_its_contract_covers(monkeypat
 
 def test_a_table_row_override_from_the_environment_is_key_int_pairs_or_a_clear_error(monkeypatch):
     """triton_bitplace.env_tiles (MOE_CONFORMANCE_NVFP4_PREFILL_TILES: make bench A/B runs of the NVFP4 prefill rows):
-    "key=int,key=int" gives those keys, unset or empty none, anything else an error naming the variable."""
+    "key=int,key=int" gives those keys, unset or empty none, anything else (or a key that is no launch parameter) an
+    error naming the variable; a key the rows have is overridden, not doubled."""
     from harness.backends.triton_bitplace import env_tiles
 
     monkeypatch.delenv("MOE_CONFORMANCE_TEST_TILES", raising=False)
@@ -1278,4 +1282,13 @@ def test_a_table_row_override_from_the_environment_is_key_int_pairs_or_a_clear_e
     for bad in ("tail_warps", "tail_warps=four"):
         monkeypatch.setenv("MOE_CONFORMANCE_TEST_TILES", bad)
         with pytest.raises(ValueError, match="MOE_CONFORMANCE_TEST_TILES takes key=int pairs"):
+            env_tiles("MOE_CONFORMANCE_TEST_TILES")
+    rows = subprocess.run([sys.executable, "-c", "from harness.backends.triton_bitplace import BITPLACE_TILES as t; "
+                           "print(sorted({r[2]['group_m'] for r in t[1:3]}), t[1][2].get('tail_warps'))"],
+                          capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[1],
+                          env=dict(os.environ, MOE_CONFORMANCE_NVFP4_PREFILL_TILES="group_m=4,tail_warps=4"))
+    assert rows.stdout.split() == ["[4]", "4"], rows.stdout + rows.stderr[-2000:]
+    for bad in ("tail_wrps=4", "=4"):  # a key that is no launch parameter would change nothing, silently
+        monkeypatch.setenv("MOE_CONFORMANCE_TEST_TILES", bad)
+        with pytest.raises(ValueError, match="MOE_CONFORMANCE_TEST_TILES: unknown launch parameters"):
             env_tiles("MOE_CONFORMANCE_TEST_TILES")

@@ -66,6 +66,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from . import triton_kernels as K  # its tl.jit bit placement, called from Gluon (resolved when compiled)
 from .triton_kernels import gdc_launch_dependents, gdc_wait
+# (by its bare name: Triton keys a compiled kernel by the globals it reads by name, not through a module attribute,
+# so K.HALF_SELECT would let a warm cache hand a MOE_CONFORMANCE_HALF_SELECT=0 run the other switch's binary)
+from .triton_kernels import HALF_SELECT
 
 # the loads by their Triton 3.6 names (the H200's) or the later ones (this venv's 3.9 removed the old names)
 _cp_async = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
@@ -204,7 +207,7 @@ def _tile_factors(slot, W_NV: gl.constexpr, SL: gl.constexpr, SVIEW: gl.constexp
 def _decode_slot(code_slot, scale_slot, W_NV: gl.constexpr, PAIRS: gl.constexpr, SL: gl.constexpr,
                  SVIEW: gl.constexpr, DOT: gl.constexpr, ROWS3: gl.constexpr):
     """A ring slot's tile (its codes and scale box) decoded into the wgmma register operand."""
-    if K.HALF_SELECT:
+    if HALF_SELECT:
         f01, f23 = _tile_factor_halves(scale_slot, W_NV, SL, SVIEW)
         return _decode_tile(code_slot.load(PAIRS), f01, f23, DOT, ROWS3, 1 if W_NV == 0 else 2)
     f01, f23 = _tile_factors(scale_slot, W_NV, SL, SVIEW)
@@ -214,7 +217,8 @@ def _decode_slot(code_slot, scale_slot, W_NV: gl.constexpr, PAIRS: gl.constexpr,
 @gluon.jit
 def _decode_tile(codes, f01, f23, DOT: gl.constexpr, ROWS3: gl.constexpr, HALVES: gl.constexpr = 0):
     """codes [32 pairs, 32 words] int32 (CODE_PAIRS), f01 / f23 [64 rows, 4 q] the block factors of pairs 0, 1 and
-    2, 3 of word 4t + q (_tile_factors) -> the [64, 128] bf16 weights in the wgmma register operand's layout (MX:
+    2, 3 of word 4t + q (_tile_factors: each doubled into both halves; HALVES 1 / 2: _tile_factor_halves' words of
+    two, MX / NVFP4, read by _scaled_by_factor_halves) -> the [64, 128] bf16 weights in the wgmma register operand's layout (MX:
     value x 2^s; NVFP4: value x scale x 2^-7). Code n = 4 i0 + 2 i2 + i1 of word 4t + q is column 32q + 16 i2 +
     8 i1 + 2t + i0 (triton_bitplace's stored order)."""
     word = gl.reshape(gl.reshape(codes, [32, 2, 16]), [64, 16]).to(gl.uint32, bitcast=True)

@@ -31,7 +31,8 @@ from reference.quantizers import FP8, MX, NVFP4
 
 from .fp4_bits import E8M0_FOLDABLE_MAX
 from . import triton_kernels
-from .triton_emulation import TritonEmulationBackend, multiprocessors, split_k_to_fill, table_row_matches
+from .triton_emulation import (TILE_KEYS, TritonEmulationBackend, multiprocessors, split_k_to_fill,
+                               table_row_matches)
 
 
 # NVFP4 block factors by an exponent add where every scale of the checkpoint is a normal E4M3 number (triton_kernels.
@@ -103,13 +104,27 @@ EIGHT_WARP_BITPLACE_TRITON = (3, 6)
 
 
 def env_tiles(name: str) -> dict[str, int]:
-    """Tile keys from the environment variable `name` ("key=int,key=int"; unset or empty: none), for A/B runs of a
-    table row in make bench without an edit (the bench report lists the variables in force)."""
+    """Tile keys from the environment variable `name` ("key=int,key=int"; unset or empty: none), each a launch
+    parameter (triton_emulation.TILE_KEYS), for A/B runs of a table row in make bench without an edit (the bench
+    report lists the variables in force); a key the row has is overridden."""
     text = os.environ.get(name, "").strip()
     try:
-        return {k.strip(): int(v) for k, v in (item.split("=", 1) for item in text.split(",") if item.strip())}
+        tiles = {k.strip(): int(v) for k, v in (item.split("=", 1) for item in text.split(",") if item.strip())}
     except ValueError:
         raise ValueError(f"{name} takes key=int pairs separated by commas, got {text!r}") from None
+    unknown = sorted(set(tiles) - set(TILE_KEYS))
+    if unknown:
+        raise ValueError(f"{name}: unknown launch parameters {unknown}; expected some of {TILE_KEYS}")
+    return tiles
+
+
+def env_int(name: str, default: int) -> int:
+    """An integer switch from the environment (unset: default), its error naming the variable."""
+    text = os.environ.get(name, str(default))
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{name} takes an integer, got {text!r}") from None
 
 
 # MOE_CONFORMANCE_NVFP4_PREFILL_TILES: keys added to both NVFP4 prefill rows (run-40's candidate:
@@ -117,10 +132,10 @@ def env_tiles(name: str) -> dict[str, int]:
 _NVFP4_PREFILL_EXTRA = env_tiles("MOE_CONFORMANCE_NVFP4_PREFILL_TILES")
 BITPLACE_TILES = (
     (1024, None, dict(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=3, split_k_programs=512)),
-    (1 << 62, (NVFP4,), dict(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=3, group_m=8,
-                             fit_tail_m=1, quant_launch=1, **_NVFP4_PREFILL_EXTRA)),
-    (1 << 62, (NVFP4,), dict(block_m=128, block_n=64, block_k=128, num_warps=4, num_stages=3, group_m=8,
-                             fit_tail_m=1, quant_launch=1, **_NVFP4_PREFILL_EXTRA)),
+    (1 << 62, (NVFP4,), {**dict(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=3, group_m=8,
+                                fit_tail_m=1, quant_launch=1), **_NVFP4_PREFILL_EXTRA}),
+    (1 << 62, (NVFP4,), {**dict(block_m=128, block_n=64, block_k=128, num_warps=4, num_stages=3, group_m=8,
+                                fit_tail_m=1, quant_launch=1), **_NVFP4_PREFILL_EXTRA}),
     (1 << 62, None, dict(block_m=128, block_n=64, block_k=128, num_warps=4, num_stages=3, group_m=8, fit_tail_m=1,
                          inline_tails=1)),
 )
@@ -436,7 +451,7 @@ _NVFP4_FOLD = 2.0**7  # NVFP4 weights decode to value x 2^-7 (the E4M3 factor x 
 # the Gluon kernel's ring at decode (H200 sweeps, results/gpu-issue28/run-7 and run-8: 3 and 6 slower or no faster
 # from 8 tokens on; a deeper ring wherever it added no wave, 5 or 6 slots, was 1-15% slower at every point of make
 # bench, run-8 ring; both before the tile-major copy). MOE_CONFORMANCE_GLUON_STAGES=N for A/B runs
-GLUON_STAGES = int(os.environ.get("MOE_CONFORMANCE_GLUON_STAGES", "4"))
+GLUON_STAGES = env_int("MOE_CONFORMANCE_GLUON_STAGES", 4)
 # its split-K rule at decode: at one token gpt-oss-120b's 180 GEMM1 programs ran fastest split 2 ways (38.6 us
 # against 44.2 unsplit and 44.5 split 4), Kimi-K2's 256 unsplit (95.1 us against 102.8 split 2) (run-7's sweep)
 GLUON_SPLIT_K_PROGRAMS = 256
@@ -444,7 +459,7 @@ GLUON_SPLIT_K_PROGRAMS = 256
 # multiprocessor; setmaxnreg gives the consumer warpgroup 120 in the K loop (136 in the epilogue), the producer
 # 40 (24 idle): no spills (64 fits 4 programs, the consumer's loop at 88: tools/tune_moe.py sweeps both;
 # MOE_CONFORMANCE_GLUON_MAXNREG=64 for A/B runs of make bench)
-GLUON_MAXNREG = int(os.environ.get("MOE_CONFORMANCE_GLUON_MAXNREG", "80"))
+GLUON_MAXNREG = env_int("MOE_CONFORMANCE_GLUON_MAXNREG", 80)
 # the consumer's schedule (gluon_kernels._consumer): 0 each step waits for its MMAs, the up tile decoded under the
 # gate tile's; 1 both tiles decoded first (GEMM2, ungated: two K steps an iteration, two independent decode chains,
 # 365 SASS per two steps against 188 a step at gpt-oss-120b's sizes, counted for sm90); 2 as 1 with a step's MMAs

@@ -35,7 +35,7 @@ INTERPRET_C = tl.constexpr(INTERPRET)  # (the same, readable inside a compiled k
 # block: for Triton 3.6 on sm90 (tools/count_loop_instructions.py, gpt-oss-120b) NVFP4's K step 32 SASS fewer (decode
 # 514 -> 482, the 8-warp prefill row 552 -> 520; Triton 3.9 523 -> 491), MXFP4's 16 (decode 439 -> 423, the prefill
 # row 511 -> 495); the same products. Not yet timed on a GPU (results/gpu-issue28/run-41); MOE_CONFORMANCE_HALF_SELECT=0
-# doubles the factors as before (A/B runs). moe_gemm_kernel's loop only: the Gluon decode GEMM doubles them still.
+# doubles the factors as before (A/B runs). The Gluon decode GEMM too since session 46 (gluon_kernels._tile_factor_halves).
 HALF_SELECT = tl.constexpr(os.environ.get("MOE_CONFORMANCE_HALF_SELECT", "1") == "1")
 
 # PDL_ORDER: the decode chain under programmatic dependent launch (Hopper's griddepcontrol; the Gluon backend's

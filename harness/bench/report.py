@@ -60,10 +60,17 @@ def write_bench_report(rows: list[dict], anchors: dict, out_dir, cut_short: bool
     return paths
 
 
+# MOE_CONFORMANCE_* variables that choose no kernel: where files and databases are, the run's commit and limits
+_NOT_SWITCHES = frozenset(f"MOE_CONFORMANCE_{n}" for n in ("COMMIT", "CASE_TIMEOUT", "CASE_GB", "SHARED_DB",
+                                                            "HYPOTHESIS_DB", "THIRD_PARTY", "REQUIRE_BROWSER",
+                                                            "GPU_CASES"))
+
+
 def run_switches() -> dict[str, str]:
-    """The MOE_CONFORMANCE_* variables of this process's environment (the backends read their A/B switches and
-    tile overrides from them at import), so that a run's figures say which kernels they are of."""
-    return {k: os.environ[k] for k in sorted(os.environ) if k.startswith("MOE_CONFORMANCE_")}
+    """The MOE_CONFORMANCE_* variables of this process's environment that pick kernels (the backends read their A/B
+    switches and tile overrides from them at import; not _NOT_SWITCHES), so that a run's figures say which kernels
+    they are of."""
+    return {k: os.environ[k] for k in sorted(os.environ) if k.startswith("MOE_CONFORMANCE_") and k not in _NOT_SWITCHES}
 
 
 def _pct_dense_cell(row: dict) -> str:

@@ -73,6 +73,7 @@ def test_the_report_names_the_switches_its_kernels_ran_with(tmp_path, monkeypatc
     assert json.loads((tmp_path / "results.json").read_text())["switches"] == {}
     monkeypatch.setenv("MOE_CONFORMANCE_GLUON_STAGES", "5")
     monkeypatch.setenv("OTHER_VARIABLE", "1")
+    monkeypatch.setenv("MOE_CONFORMANCE_COMMIT", "abc1234")  # the run's commit: no switch
     write_bench_report([row], dict(copy_tb_s=4.0, dense_bf16_tflops=800.0, device="test"), tmp_path)
     assert "Switches: `MOE_CONFORMANCE_GLUON_STAGES=5`" in (tmp_path / "table.md").read_text()
     assert json.loads((tmp_path / "results.json").read_text())["switches"] == {"MOE_CONFORMANCE_GLUON_STAGES": "5"}
